@@ -1,0 +1,45 @@
+// The single doctest main of the repository. Before running, it names the device and lists the GPU-only test
+// cases that will be skipped here, with the reason, so a green run on a CPU machine never hides them.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "tests/torch_doctest.h"
+
+#include <cstring>
+#include <iostream>
+#include <set>
+
+#include <torch/cuda.h>
+#include <torch/version.h>
+
+namespace doctest {
+namespace detail {
+std::set<TestCase>& getRegisteredTests();  // defined by DOCTEST_CONFIG_IMPLEMENT above
+}  // namespace detail
+}  // namespace doctest
+
+int main(int argc, char** argv) {
+  doctest::Context context;
+  context.applyCommandLine(argc, argv);
+
+  bool quiet = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strstr(argv[i], "list-test") || std::strstr(argv[i], "-ltc") || std::strstr(argv[i], "reporters=xml") ||
+        std::strstr(argv[i], "-r=xml") || std::strstr(argv[i], "reporters=junit") || std::strstr(argv[i], "-r=junit")) {
+      quiet = true;  // keep machine-readable output clean
+    }
+  }
+  if (!quiet) {
+    std::cout << "[workshop] LibTorch " << TORCH_VERSION << ", "
+              << (workshop::testing::cuda_usable()
+                      ? "CUDA devices: " + std::to_string(torch::cuda::device_count())
+                      : std::string("CPU only"))
+              << "\n";
+    const std::string reason = workshop::testing::gpu_skip_reason();
+    for (const auto& test : doctest::detail::getRegisteredTests()) {
+      if (test.m_skip && std::strcmp(test.m_test_suite, "gpu") == 0) {
+        std::cout << "[workshop] SKIPPED (GPU case): " << test.m_name << "\n"
+                  << "           reason: " << reason << "\n";
+      }
+    }
+  }
+  return context.run();
+}

@@ -1,0 +1,154 @@
+"""Finds an installed LibTorch and exposes it as @libtorch//:libtorch. Nothing is downloaded.
+
+Search order:
+  1. $LIBTORCH: a LibTorch root with include/ and lib/ (a LibTorch zip, or a PyTorch install's torch/ folder).
+  2. The LibTorch inside the PyTorch that `python3` (or $PYTHON) imports.
+  3. Debian's libtorch-dev (headers in /usr/include, libraries in /usr/lib/<triplet>).
+
+A CUDA build (libtorch_cuda + libc10_cuda present) is linked with --no-as-needed so that its CUDA hooks
+register and torch::cuda::is_available() can be true. The generated @libtorch//:defs.bzl tells BUILD files
+whether CUDA is present (LIBTORCH_HAS_CUDA), and the library defines WORKSHOP_HAS_CUDA=0/1 for C++.
+"""
+
+load("//third_party/local:local.bzl", "resolve_path")
+
+_PY_PROBE = """
+import os, sys
+import torch
+root = os.path.dirname(torch.__file__)
+print(root)
+print(int(getattr(torch._C, '_GLIBCXX_USE_CXX11_ABI', True)))
+print(torch.__version__)
+"""
+
+_DEBIAN_LIBDIRS = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"]
+
+def _find_python_torch(ctx):
+    python = ctx.os.environ.get("PYTHON", "python3")
+    if ctx.which(python) == None:
+        return None
+    result = ctx.execute([python, "-c", _PY_PROBE], timeout = 120, quiet = True)
+    if result.return_code != 0:
+        return None
+    lines = result.stdout.strip().split("\n")
+    if len(lines) < 3:
+        return None
+    return struct(root = lines[0], abi = lines[1], version = lines[2])
+
+def _locate(ctx):
+    """Returns struct(include, libdir, abi, origin)."""
+    explicit = ctx.os.environ.get("LIBTORCH", "")
+    if explicit:
+        root = resolve_path(ctx, explicit)
+        if not root.get_child("include").exists or not root.get_child("lib").exists:
+            fail("LIBTORCH=%s has no include/ and lib/ folders" % explicit)
+        return struct(include = str(root.get_child("include")), libdir = str(root.get_child("lib")),
+                      abi = "", origin = "$LIBTORCH=" + explicit)
+    py = _find_python_torch(ctx)
+    if py != None and ctx.path(py.root + "/include/torch").exists:
+        return struct(include = py.root + "/include", libdir = py.root + "/lib", abi = py.abi,
+                      origin = "PyTorch %s at %s" % (py.version, py.root))
+    for libdir in _DEBIAN_LIBDIRS:
+        if ctx.path(libdir + "/libtorch.so").exists and ctx.path("/usr/include/torch/csrc/api/include").exists:
+            return struct(include = "/usr/include", libdir = libdir, abi = "", origin = "Debian libtorch-dev")
+    fail("LibTorch not found. Run tools/setup.sh (Debian: libtorch-dev), install PyTorch for python3, " +
+         "or set LIBTORCH to a LibTorch root (the folder with include/ and lib/).")
+
+def _find_cuda_include(ctx, lt):
+    """Folders holding cuda_runtime_api.h, which the CUDA parts of the ATen/c10 headers include."""
+    candidates = []
+    for var in ["CUDA_HOME", "CUDA_PATH"]:
+        if ctx.os.environ.get(var, ""):
+            candidates.append(ctx.os.environ[var] + "/include")
+    candidates.append("/usr/local/cuda/include")
+    nvcc = ctx.which("nvcc")
+    if nvcc != None:
+        candidates.append(str(nvcc.dirname.dirname) + "/include")
+
+    # pip wheels ship the CUDA headers beside torch: site-packages/nvidia/<part>/include
+    nvidia = ctx.path(str(ctx.path(lt.libdir).dirname.dirname) + "/nvidia")
+    if nvidia.exists:
+        for part in nvidia.readdir():
+            candidates.append(str(part) + "/include")
+    found = []
+    for c in candidates:
+        if ctx.path(c + "/cuda_runtime_api.h").exists and c not in found:
+            found.append(c)
+    return found
+
+def _libtorch_repository_impl(ctx):
+    lt = _locate(ctx)
+    include = ctx.path(lt.include)
+    if include.get_child("torch").exists == False:
+        fail("%s has no torch/ headers" % lt.include)
+
+    # Only the folders LibTorch owns are linked into the repository (the rest of /usr/include is the compiler's).
+    owned = ["ATen", "c10", "caffe2", "torch"]
+    if lt.include == "/usr/include":
+        children = [include.get_child(name) for name in owned if include.get_child(name).exists]
+    else:
+        children = include.readdir()
+    for child in children:
+        ctx.symlink(child, "include/" + child.basename)
+
+    libdir = ctx.path(lt.libdir)
+    has_cuda = libdir.get_child("libtorch_cuda.so").exists and libdir.get_child("libc10_cuda.so").exists
+    cuda_includes = []
+    if has_cuda:
+        for i, folder in enumerate(_find_cuda_include(ctx, lt)):
+            ctx.symlink(folder, "cuda_include_%d" % i)
+            cuda_includes.append("cuda_include_%d" % i)
+
+    macros = ctx.read(include.get_child("c10").get_child("macros").get_child("cmake_macros.h"))
+    uses_glog = "#define C10_USE_GLOG" in macros
+
+    version = ctx.read(include.get_child("torch").get_child("csrc").get_child("api").get_child("include")
+        .get_child("torch").get_child("version.h"))
+    major = version.split("#define TORCH_VERSION_MAJOR ")[1].split("\n")[0].strip()
+    minor = version.split("#define TORCH_VERSION_MINOR ")[1].split("\n")[0].strip()
+
+    libs = ["-ltorch", "-ltorch_cpu", "-lc10"]
+    if has_cuda:
+        libs = ["-ltorch_cuda", "-lc10_cuda"] + libs
+    linkopts = ["-L" + lt.libdir, "-Wl,-rpath," + lt.libdir, "-Wl,--no-as-needed"] + libs + ["-Wl,--as-needed"]
+    if uses_glog:
+        linkopts += ["-lglog", "-lgflags"]
+    linkopts += ["-lpthread"]
+
+    defines = ["WORKSHOP_HAS_CUDA=%d" % (1 if has_cuda else 0)]
+    if lt.abi == "0":
+        defines.append("_GLIBCXX_USE_CXX11_ABI=0")
+
+    ctx.file("BUILD", """\
+package(default_visibility = ["//visibility:public"])
+
+# {origin}, LibTorch {major}.{minor}, CUDA: {cuda}
+cc_library(
+    name = "libtorch",
+    hdrs = glob(["include/**"], exclude_directories = 1) + glob(["{cuda_glob}/**/*.h*"]),
+    defines = {defines},
+    includes = ["include", "include/torch/csrc/api/include"] + {cuda_includes},
+    linkopts = {linkopts},
+)
+""".format(
+        origin = lt.origin,
+        major = major,
+        minor = minor,
+        cuda = has_cuda,
+        defines = repr(defines),
+        cuda_glob = "cuda_include_*" if has_cuda else "no_cuda",
+        cuda_includes = repr(cuda_includes),
+        linkopts = repr(linkopts),
+    ))
+    ctx.file("defs.bzl", """\
+\"\"\"Facts about the LibTorch this workspace found ({origin}).\"\"\"
+LIBTORCH_HAS_CUDA = {cuda}
+LIBTORCH_VERSION = ({major}, {minor})
+LIBTORCH_ORIGIN = "{origin}"
+""".format(origin = lt.origin, cuda = has_cuda, major = major, minor = minor))
+
+libtorch_repository = repository_rule(
+    implementation = _libtorch_repository_impl,
+    environ = ["LIBTORCH", "PYTHON", "CUDA_HOME", "CUDA_PATH", "PATH"],
+    local = True,
+)
