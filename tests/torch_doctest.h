@@ -34,4 +34,12 @@
 
 #include <doctest/doctest.h>
 
+#include <string>
+
+#include <c10/core/ScalarType.h>
+
 #include "tests/devices.h"
+
+// doctest cannot print a c10::ScalarType (c10's own toString(ScalarType) returns a const char* and wins
+// overload resolution), so checks compare dtype names: CHECK(dtype_name(t.scalar_type()) == "BFloat16").
+inline std::string dtype_name(c10::ScalarType dtype) { return c10::toString(dtype); }

@@ -1,0 +1,121 @@
+#include "common/memory_meter.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include "third_party/libtorch/compat.h"
+
+#if WORKSHOP_HAS_CUDA
+#include "common/cuda_memory.h"
+#endif
+
+namespace workshop {
+namespace {
+
+// Wraps the CPU allocator LibTorch had before and counts bytes in and out. Installed once, never removed:
+// tensors it allocated may outlive any meter.
+class CountingCpuAllocator final : public compat::WrappingAllocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  int64_t current() const { return current_.load(); }
+  int64_t peak() const { return peak_.load(); }
+  void reset_peak() { peak_.store(current_.load()); }
+
+ protected:
+  c10::DataPtr allocate_impl(size_t nbytes) const override {
+    c10::DataPtr inner = inner_->allocate(nbytes);
+    const c10::Device device = inner.device();
+    void* data = inner.get();
+    auto* context = new Context{std::move(inner), static_cast<int64_t>(nbytes), this};
+    add(context->bytes);
+    return c10::DataPtr(data, context, &CountingCpuAllocator::release, device);
+  }
+
+ private:
+  struct Context {
+    c10::DataPtr inner;  // frees the memory when the context is deleted
+    int64_t bytes;
+    const CountingCpuAllocator* owner;
+  };
+
+  static void release(void* raw) {
+    auto* context = static_cast<Context*>(raw);
+    context->owner->current_.fetch_sub(context->bytes);
+    delete context;
+  }
+
+  void add(int64_t bytes) const {
+    const int64_t now = current_.fetch_add(bytes) + bytes;
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+  }
+
+  c10::Allocator* inner_;
+  mutable std::atomic<int64_t> current_{0};
+  mutable std::atomic<int64_t> peak_{0};
+};
+
+CountingCpuAllocator& counting_cpu_allocator() {
+  static CountingCpuAllocator* allocator = [] {
+    auto* counting = new CountingCpuAllocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(counting, /*priority=*/100);
+    TORCH_CHECK(c10::GetCPUAllocator() == counting,
+                "MemoryMeter: could not install the counting CPU allocator (another allocator has priority)");
+    return counting;
+  }();
+  return *allocator;
+}
+
+void check_device(c10::Device device) {
+  TORCH_CHECK(device.is_cpu() || device.is_cuda(), "MemoryMeter: only CPU and CUDA are supported, got ", device);
+#if !WORKSHOP_HAS_CUDA
+  TORCH_CHECK(device.is_cpu(), "MemoryMeter: this LibTorch was built without CUDA, cannot measure ", device);
+#endif
+}
+
+}  // namespace
+
+int64_t cpu_allocated_bytes() { return counting_cpu_allocator().current(); }
+
+MemoryMeter::MemoryMeter(c10::Device device) : device_(device) {
+  check_device(device);
+  if (device.is_cpu()) counting_cpu_allocator();
+  reset();
+}
+
+void MemoryMeter::reset() {
+  if (device_.is_cpu()) {
+    counting_cpu_allocator().reset_peak();
+    baseline_ = counting_cpu_allocator().current();
+  } else {
+#if WORKSHOP_HAS_CUDA
+    baseline_ = cuda_memory::reset_peak_and_get_current(device_.index());
+#endif
+  }
+}
+
+int64_t MemoryMeter::current_bytes() const {
+  if (device_.is_cpu()) return counting_cpu_allocator().current() - baseline_;
+#if WORKSHOP_HAS_CUDA
+  return cuda_memory::allocated_bytes(device_.index()).current - baseline_;
+#else
+  return 0;
+#endif
+}
+
+int64_t MemoryMeter::peak_bytes() const {
+  if (device_.is_cpu()) return counting_cpu_allocator().peak() - baseline_;
+#if WORKSHOP_HAS_CUDA
+  return cuda_memory::allocated_bytes(device_.index()).peak - baseline_;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace workshop

@@ -1,0 +1,40 @@
+// Peak-bytes meter shared by the lessons, their checks and the demos.
+//
+// On CPU it counts every byte LibTorch's CPU allocator hands out (a counting allocator wraps the default one
+// the first time a meter is made); on CUDA it reads the caching allocator's statistics. Both count tensor
+// storage only (parameters, gradients, optimizer state, activations), not the allocator's cache or BLAS
+// scratch space, which is what the lessons reason about.
+#pragma once
+
+#include <cstdint>
+
+#include <c10/core/Device.h>
+
+namespace workshop {
+
+class MemoryMeter {
+ public:
+  /// Starts measuring on `device` (CPU or CUDA) from now: current and peak are counted relative to the bytes
+  /// already allocated on that device.
+  explicit MemoryMeter(c10::Device device = c10::Device(c10::kCPU));
+
+  /// Restarts: the baseline becomes what is allocated now and the peak is forgotten.
+  void reset();
+
+  /// Bytes allocated now, minus the baseline (negative when less is held than at the baseline).
+  int64_t current_bytes() const;
+
+  /// Highest bytes allocated since the last reset, minus the baseline.
+  int64_t peak_bytes() const;
+
+  c10::Device device() const { return device_; }
+
+ private:
+  c10::Device device_;
+  int64_t baseline_ = 0;
+};
+
+/// Bytes of tensor storage the CPU allocator holds right now (counting allocator; installs it if needed).
+int64_t cpu_allocated_bytes();
+
+}  // namespace workshop

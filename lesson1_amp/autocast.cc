@@ -1,0 +1,52 @@
+// Lesson 1, part A — your code. Replace each TODO with an implementation; the checks in
+// autocast_test.cc tell you when it is right:  bazel test //lesson1_amp:all
+// Steps, hints and background: lesson1_amp/README.md.
+#include "lesson1_amp/autocast.h"
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include "third_party/libtorch/compat.h"
+
+namespace amp {
+
+// [underflow_fraction]
+double underflow_fraction(const at::Tensor& values, c10::ScalarType low_precision) {
+  // TODO(lesson1, step 1): Reject bad input with TORCH_CHECK (undefined or non-floating `values`, a
+  // non-floating `low_precision`, no non-zero finite entry). Then cast `values` to `low_precision` and return
+  // the fraction of the non-zero finite entries that became exactly 0.
+  (void)values;
+  (void)low_precision;
+  TORCH_CHECK(false, "TODO(lesson1, step 1): underflow_fraction() is not implemented yet");
+}
+// [underflow_fraction]
+
+c10::ScalarType AutocastGuard::default_dtype(c10::DeviceType device) {
+  return device == c10::DeviceType::CUDA ? c10::ScalarType::Half : c10::ScalarType::BFloat16;
+}
+
+AutocastGuard::AutocastGuard(c10::DeviceType device, bool enabled)
+    : AutocastGuard(device, default_dtype(device), enabled) {}
+
+// [guard_enter]
+AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled) : device_(device) {
+  // TODO(lesson1, step 2): Check the arguments (CPU or CUDA; float16 or bfloat16; on CPU a dtype that
+  // workshop::compat::cpu_autocast_supports(); CUDA only if torch::cuda::is_available()).
+  // Save the device's current autocast state in previous_enabled_ / previous_dtype_ (workshop::compat::
+  // autocast_enabled / autocast_dtype), switch to the new one, and count one more nesting level
+  // (at::autocast::increment_nesting()).
+  (void)dtype;
+  (void)enabled;
+  TORCH_CHECK(false, "TODO(lesson1, step 2): AutocastGuard is not implemented yet");
+}
+// [guard_enter]
+
+// [guard_exit]
+AutocastGuard::~AutocastGuard() {
+  // TODO(lesson1, step 2): Leave one nesting level (at::autocast::decrement_nesting()); if it was the
+  // outermost, clear the cast cache (at::autocast::clear_cache()). Restore the saved enabled flag and dtype.
+  // A destructor must not throw.
+}
+// [guard_exit]
+
+}  // namespace amp

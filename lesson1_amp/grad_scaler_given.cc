@@ -1,0 +1,68 @@
+// Given code for lesson 1: nothing to do here. These wrap what LibTorch already has (the fused ATen AMP
+// kernels) and the archive operators; both the skeleton and the reference solution link this file.
+#include "lesson1_amp/grad_scaler.h"
+
+#include <ATen/ATen.h>
+#include <torch/serialize/archive.h>
+
+#include "third_party/libtorch/compat.h"
+
+namespace amp {
+
+void unscale_grads_fused(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  TORCH_CHECK(found_inf.defined() && inv_scale.defined(), "unscale_grads_fused: undefined found_inf or inv_scale");
+  TORCH_CHECK(workshop::compat::has_fused_amp_kernels(found_inf.device().type()),
+              "unscale_grads_fused: this LibTorch has no fused AMP kernel for ", found_inf.device(),
+              " (CPU kernels arrived in LibTorch 2.3); use unscale_grads_plain");
+  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+}
+
+void update_scale_fused(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                        double growth_factor, double backoff_factor, int64_t growth_interval) {
+  TORCH_CHECK(scale.defined() && growth_tracker.defined() && found_inf.defined(),
+              "update_scale_fused: undefined input");
+  TORCH_CHECK(workshop::compat::has_fused_amp_kernels(scale.device().type()),
+              "update_scale_fused: this LibTorch has no fused AMP kernel for ", scale.device(),
+              " (CPU kernels arrived in LibTorch 2.3); use update_scale_plain");
+  at::_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
+}
+
+torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive, const GradScaler& scaler) {
+  scaler.save(archive);
+  return archive;
+}
+
+torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive, GradScaler& scaler) {
+  scaler.load(archive);
+  return archive;
+}
+
+}  // namespace amp
+
+namespace amp {
+
+bool GradScaler::use_fused(c10::DeviceType device) const {
+  switch (options_.kernels) {
+    case KernelPath::kPlain:
+      return false;
+    case KernelPath::kFused:
+      TORCH_CHECK(workshop::compat::has_fused_amp_kernels(device), "GradScaler: KernelPath::kFused requested, "
+                  "but this LibTorch has no fused AMP kernels for ", device);
+      return true;
+    case KernelPath::kAuto:
+    default:
+      return workshop::compat::has_fused_amp_kernels(device);
+  }
+}
+
+double GradScaler::get_scale() const {
+  if (!options_.enabled) return 1.0;
+  return scale_.defined() ? scale_.item<double>() : options_.init_scale;
+}
+
+int64_t GradScaler::get_growth_tracker() const {
+  if (!options_.enabled) return 0;
+  return growth_tracker_.defined() ? growth_tracker_.item<int64_t>() : init_growth_tracker_;
+}
+
+}  // namespace amp
