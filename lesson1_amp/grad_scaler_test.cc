@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -438,7 +439,8 @@ TEST_CASE("[step6] the state survives state_dict/load_state_dict and torch::save
     CHECK(restored.get_scale() == 1024.0);
   }
   SUBCASE("torch::save / torch::load") {
-    const std::string path = "grad_scaler_state.pt";
+    const char* tmp = std::getenv("TEST_TMPDIR");  // Bazel's scratch folder; /tmp elsewhere
+    const std::string path = std::string(tmp ? tmp : "/tmp") + "/grad_scaler_state.pt";
     torch::save(scaler, path);
     amp::GradScaler restored;
     torch::load(restored, path);

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <set>
 
+#include <c10/util/Exception.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
 
@@ -15,6 +16,9 @@ namespace detail {
 std::set<TestCase>& getRegisteredTests();  // defined by DOCTEST_CONFIG_IMPLEMENT above
 }  // namespace detail
 }  // namespace doctest
+
+// LibTorch's c10::Error::what() carries a C++ backtrace; the message alone is what a learner needs.
+REGISTER_EXCEPTION_TRANSLATOR(const c10::Error& error) { return doctest::String(error.what_without_backtrace()); }
 
 int main(int argc, char** argv) {
   doctest::Context context;

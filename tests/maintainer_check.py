@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Maintainer checks of the exercise invariants, run as a test (//tests:exercise_invariants_test).
+
+For every lesson given as --lesson N DIR SOLUTION_DIR TEST_BINARY...:
+  * the lesson's README lists steps ("Step K" headings); the checks' test cases carry matching "[stepK]" tags
+    and every test case has one;
+  * against the pristine skeleton, every test case of every step FAILS (a GPU case may be skipped where there
+    is no GPU): a check that passes against the skeleton cannot tell a learner anything;
+  * the skeleton's sources hold a "TODO(lessonN, step K)" marker for every step, and no solution source holds
+    any "TODO(lesson" marker.
+The skeleton test binaries were built by Bazel, which is itself the check that every skeleton compiles.
+"""
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+STEP_HEADING = re.compile(r"^#+\s*Step\s+(\d+)\b", re.MULTILINE)
+STEP_TAG = re.compile(r"^\[step(\d+)\]")
+
+
+def fail(problems, message):
+    problems.append(message)
+    print("  FAIL: " + message)
+
+
+def run_tests(binary):
+    """Returns [(name, outcome)] with outcome in {'passed', 'failed', 'skipped'} for each test case."""
+    env = dict(os.environ)
+    env.setdefault("TEST_TMPDIR", os.environ.get("TEST_TMPDIR", "/tmp"))
+    result = subprocess.run([binary, "--reporters=xml", "--no-version"], capture_output=True, text=True,
+                            timeout=1800, env=env)
+    try:
+        root = ET.fromstring(result.stdout[result.stdout.index("<?xml"):] if "<?xml" in result.stdout
+                             else result.stdout)
+    except (ET.ParseError, ValueError) as error:
+        raise RuntimeError("%s: unreadable doctest XML (%s); stderr:\n%s" % (binary, error, result.stderr[-2000:]))
+    cases = []
+    for case in root.iter("TestCase"):
+        name = case.get("name")
+        if case.get("skipped") == "true":
+            cases.append((name, "skipped"))
+            continue
+        results = case.find("OverallResultsAsserts")
+        ok = results is not None and results.get("test_case_success") == "true"
+        cases.append((name, "passed" if ok else "failed"))
+    return cases
+
+
+def sources(folder):
+    return [p for p in glob.glob(os.path.join(folder, "*")) if p.endswith((".cc", ".h"))]
+
+
+def check_lesson(number, lesson_dir, solution_dir, binaries, problems):
+    print("lesson %s (%s):" % (number, lesson_dir))
+    readme = os.path.join(lesson_dir, "README.md")
+    if not os.path.exists(readme):
+        fail(problems, "%s is missing" % readme)
+        return
+    steps = sorted({int(k) for k in STEP_HEADING.findall(open(readme, encoding="utf-8").read())})
+    if not steps:
+        fail(problems, "%s lists no 'Step K' headings" % readme)
+    print("  steps in the prose: %s" % steps)
+
+    # TODO markers in the skeleton; none in the solution.
+    skeleton_text = "".join(open(p, encoding="utf-8").read() for p in sources(lesson_dir))
+    for k in steps:
+        if "TODO(lesson%s, step %d)" % (number, k) not in skeleton_text:
+            fail(problems, "no 'TODO(lesson%s, step %d)' marker in the skeleton of %s" % (number, k, lesson_dir))
+    for path in sources(solution_dir):
+        if "TODO(lesson" in open(path, encoding="utf-8").read():
+            fail(problems, "%s contains a TODO(lesson...) marker; solutions ship solved" % path)
+
+    # Every test case fails against the pristine skeleton.
+    tagged_steps = set()
+    for binary in binaries:
+        for name, outcome in run_tests(binary):
+            match = STEP_TAG.match(name)
+            if not match:
+                fail(problems, "%s: test case '%s' has no [stepK] tag" % (os.path.basename(binary), name))
+                continue
+            k = int(match.group(1))
+            tagged_steps.add(k)
+            if k not in steps:
+                fail(problems, "test case '%s' names step %d, which the README does not list" % (name, k))
+            if outcome == "passed":
+                fail(problems, "test case '%s' PASSES against the pristine skeleton: it cannot fail" % name)
+            else:
+                print("  ok (%s against the skeleton): %s" % (outcome, name))
+    for k in steps:
+        if k not in tagged_steps:
+            fail(problems, "step %d of lesson %s has no test case tagged [step%d]" % (k, number, k))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lesson", nargs="+", action="append", required=True,
+                        metavar=("N DIR SOLUTION_DIR", "TEST_BINARY"))
+    args = parser.parse_args()
+    problems = []
+    for spec in args.lesson:
+        if len(spec) < 4:
+            parser.error("--lesson needs N DIR SOLUTION_DIR and at least one test binary")
+        check_lesson(spec[0], spec[1], spec[2], spec[3:], problems)
+    total = len(problems)
+    print("%d passed, %d failed" % (0 if total else 1, 1 if total else 0))
+    return 1 if total else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+// Checks of the shared peak-bytes meter (common/memory_meter.h) that lessons 2 and 4 rely on.
+#include "tests/torch_doctest.h"
+
+#include <torch/torch.h>
+
+#include "common/memory_meter.h"
+
+TEST_CASE("the CPU meter counts a known allocation exactly, and its release") {
+  workshop::MemoryMeter meter(torch::kCPU);
+  CHECK(meter.current_bytes() == 0);
+  {
+    const auto t = torch::empty({1000, 25}, torch::kFloat);  // 100,000 bytes
+    CHECK(meter.current_bytes() == 100000);
+    CHECK(meter.peak_bytes() == 100000);
+    const auto u = torch::empty({300}, torch::kDouble);  // 2,400 bytes
+    CHECK(meter.current_bytes() == 102400);
+  }
+  CHECK(meter.current_bytes() == 0);
+  CHECK(meter.peak_bytes() == 102400);  // the peak remembers
+  meter.reset();
+  CHECK(meter.peak_bytes() == 0);
+}
+
+TEST_CASE("the CPU meter sees the activations autograd keeps for backward") {
+  const auto w = torch::randn({256, 256}, torch::requires_grad());
+  const auto x = torch::randn({64, 256});
+  workshop::MemoryMeter meter(torch::kCPU);
+  int64_t kept = 0;
+  {
+    const auto h = torch::relu(torch::mm(x, w));  // relu keeps its output [64, 256] float32 for backward
+    kept = meter.current_bytes();
+  }
+  CHECK(kept >= 64 * 256 * 4);
+  CHECK(meter.current_bytes() == 0);
+}
+
+TEST_CASE("the meter rejects devices it cannot measure") {
+  CHECK_THROWS_WITH_AS(workshop::MemoryMeter(torch::Device(torch::kMeta)), doctest::Contains("CPU and CUDA"),
+                       c10::Error);
+}
+
+GPU_TEST_CASE("the CUDA meter counts a known allocation exactly") {
+  workshop::MemoryMeter meter(torch::Device(torch::kCUDA, 0));
+  {
+    const auto t = torch::empty({1024, 1024}, torch::dtype(torch::kFloat).device(torch::kCUDA));  // 4 MiB
+    CHECK(meter.current_bytes() == 4 * 1024 * 1024);
+  }
+  CHECK(meter.current_bytes() == 0);
+  CHECK(meter.peak_bytes() == 4 * 1024 * 1024);
+}
