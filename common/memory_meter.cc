@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
@@ -17,7 +18,8 @@ namespace workshop {
 namespace {
 
 // Wraps the CPU allocator LibTorch had before and counts bytes in and out. Installed once, never removed:
-// tensors it allocated may outlive any meter.
+// tensors it allocated may outlive any meter. LibTorch's raw_allocate() requires data == context, so the
+// allocation's bookkeeping lives in a table keyed by the data pointer rather than in the context.
 class CountingCpuAllocator final : public compat::WrappingAllocator {
  public:
   explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
@@ -26,27 +28,52 @@ class CountingCpuAllocator final : public compat::WrappingAllocator {
   int64_t peak() const { return peak_.load(); }
   void reset_peak() { peak_.store(current_.load()); }
 
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingCpuAllocator::release; }
+
  protected:
   c10::DataPtr allocate_impl(size_t nbytes) const override {
     c10::DataPtr inner = inner_->allocate(nbytes);
-    const c10::Device device = inner.device();
     void* data = inner.get();
-    auto* context = new Context{std::move(inner), static_cast<int64_t>(nbytes), this};
-    add(context->bytes);
-    return c10::DataPtr(data, context, &CountingCpuAllocator::release, device);
+    const c10::Device device = inner.device();
+    if (data == nullptr) return inner;  // zero bytes: nothing to count
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      table().emplace(data, Entry{std::move(inner), static_cast<int64_t>(nbytes)});
+    }
+    add(static_cast<int64_t>(nbytes));
+    return c10::DataPtr(data, data, &CountingCpuAllocator::release, device);
   }
 
  private:
-  struct Context {
-    c10::DataPtr inner;  // frees the memory when the context is deleted
+  struct Entry {
+    c10::DataPtr inner;  // frees the memory when the entry is destroyed
     int64_t bytes;
-    const CountingCpuAllocator* owner;
   };
 
-  static void release(void* raw) {
-    auto* context = static_cast<Context*>(raw);
-    context->owner->current_.fetch_sub(context->bytes);
-    delete context;
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::unordered_map<void*, Entry>& table() {
+    static auto* t = new std::unordered_map<void*, Entry>();  // never destroyed: frees may come at exit
+    return *t;
+  }
+  static CountingCpuAllocator*& instance() {
+    static CountingCpuAllocator* self = nullptr;
+    return self;
+  }
+
+  static void release(void* data) {
+    Entry entry;
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      auto it = table().find(data);
+      if (it == table().end()) return;
+      entry = std::move(it->second);
+      table().erase(it);
+    }
+    instance()->current_.fetch_sub(entry.bytes);
+    // entry.inner frees the memory here, outside the lock
   }
 
   void add(int64_t bytes) const {
@@ -56,6 +83,8 @@ class CountingCpuAllocator final : public compat::WrappingAllocator {
     }
   }
 
+  friend CountingCpuAllocator& counting_cpu_allocator();
+
   c10::Allocator* inner_;
   mutable std::atomic<int64_t> current_{0};
   mutable std::atomic<int64_t> peak_{0};
@@ -64,6 +93,7 @@ class CountingCpuAllocator final : public compat::WrappingAllocator {
 CountingCpuAllocator& counting_cpu_allocator() {
   static CountingCpuAllocator* allocator = [] {
     auto* counting = new CountingCpuAllocator(c10::GetCPUAllocator());
+    CountingCpuAllocator::instance() = counting;
     c10::SetCPUAllocator(counting, /*priority=*/100);
     TORCH_CHECK(c10::GetCPUAllocator() == counting,
                 "MemoryMeter: could not install the counting CPU allocator (another allocator has priority)");

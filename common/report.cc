@@ -98,7 +98,7 @@ std::string csv_cell(const std::string& cell) {
 
 }  // namespace
 
-std::string Table::emit(const std::string& csv_dir) const {
+std::string Table::emit(const std::string& csv_dir, bool print) const {
   std::vector<size_t> width(columns_.size());
   for (size_t c = 0; c < columns_.size(); ++c) {
     width[c] = columns_[c].size();
@@ -110,13 +110,15 @@ std::string Table::emit(const std::string& csv_dir) const {
     }
     std::cout << "\n";
   };
-  std::cout << "\n" << name_ << "\n";
-  print_row(columns_);
-  size_t total = 0;
-  for (size_t w : width) total += w + 2;
-  std::cout << std::string(total - 2, '-') << "\n";
-  for (const auto& row : rows_) print_row(row);
-  std::cout << std::flush;
+  if (print) {
+    std::cout << "\n" << name_ << "\n";
+    print_row(columns_);
+    size_t total = 0;
+    for (size_t w : width) total += w + 2;
+    std::cout << std::string(total - 2, '-') << "\n";
+    for (const auto& row : rows_) print_row(row);
+    std::cout << std::flush;
+  }
   if (csv_dir.empty()) return "";
   make_dirs(csv_dir);
   const std::string path = csv_dir + "/" + name_ + ".csv";

@@ -31,8 +31,9 @@ class Table {
   /// Adds a row; it must have one cell per column.
   void add(std::vector<std::string> cells);
 
-  /// Prints the table to stdout; writes the CSV if `csv_dir` is not empty. Returns the CSV path or "".
-  std::string emit(const std::string& csv_dir) const;
+  /// Prints the table to stdout (unless `print` is false); writes the CSV if `csv_dir` is not empty.
+  /// Returns the CSV path or "".
+  std::string emit(const std::string& csv_dir, bool print = true) const;
 
   const std::vector<std::vector<std::string>>& rows() const { return rows_; }
 
