@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs what the workshop needs on Debian 12 / Ubuntu 22.04+ from the distribution's packages:
+# Bazel, LibTorch (CPU), doctest, OpenBLAS, Doxygen and the docs tools. Safe to run again: it installs only
+# what is missing. Needs root (runs apt-get through sudo when not root).
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap      # Bazel 4 (Debian's build, works offline with the stand-ins in third_party/)
+  bazel-rules-java     # Bazel's Java rules, which Bazel asks for even in a C++-only workspace
+  g++                  # the C++ compiler Bazel finds
+  python3              # the maintainer checks and repository rules
+  libtorch-dev         # LibTorch 1.13 (CPU), headers and libraries
+  libopenblas0-pthread # fast BLAS for LibTorch's CPU matmuls (about 10x the reference BLAS)
+  doctest-dev          # the test framework (a single header)
+  doxygen              # the docs site
+  graphviz             # Doxygen's diagrams
+  gnuplot-nox          # plots for the docs from the demos' CSV files
+)
+
+say() { printf '[setup] %s\n' "$*"; }
+
+if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
+  say "this script needs a Debian or Ubuntu system (dpkg and apt-get). On another system install the"
+  say "equivalents of: ${packages[*]//#*/}"
+  exit 1
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) != "install ok installed" ]]; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  say "all packages are installed: ${packages[*]}"
+else
+  sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { say "not root and no sudo: install as root: apt-get install ${missing[*]}"; exit 1; }
+    sudo=(sudo)
+  fi
+  say "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -q
+  "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+  say "installed."
+fi
+
+# Sanity checks with clear messages.
+command -v bazel >/dev/null || { say "bazel is not on PATH after installing bazel-bootstrap"; exit 1; }
+[[ -e /usr/include/torch/csrc/api/include/torch/torch.h ]] || say "note: Debian's LibTorch headers are missing; set LIBTORCH to another LibTorch (see README)"
+[[ -e /usr/include/doctest/doctest.h ]] || { say "doctest.h is missing"; exit 1; }
+say "ready. Next: bazel run //lesson1_amp:demo   (or: bazel test --config=ci //...)"
