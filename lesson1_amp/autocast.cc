@@ -3,7 +3,7 @@
 // Steps, hints and background: lesson1_amp/README.md.
 #include "lesson1_amp/autocast.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, &, ...)
 #include <torch/cuda.h>
 
 #include "third_party/libtorch/compat.h"

@@ -114,8 +114,8 @@ class GradScaler {
   /// Step 6. Restores a state (validated like the options); an error on a disabled scaler.
   void load_state_dict(const GradScalerState& state);
 
-  /// Step 6. Writes/reads the state through a torch::serialize archive, so
-  /// `torch::save(scaler, path)` and `torch::load(scaler, path)` work.
+  /// Writes/reads state_dict() through a torch::serialize archive, so `torch::save(scaler, path)` and
+  /// `torch::load(scaler, path)` work. Given (built on your state_dict/load_state_dict).
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
 
@@ -137,6 +137,10 @@ class GradScaler {
 
 torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive, const GradScaler& scaler);
 torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive, GradScaler& scaler);
+
+/// Clips the total L2 norm of the gradients of all the optimizer's parameters to `max_norm` (in place, as
+/// torch::nn::utils::clip_grad_norm_) and returns the norm before clipping. Given (not an exercise).
+double clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm);
 
 /// How train_step runs the forward pass.
 struct StepOptions {

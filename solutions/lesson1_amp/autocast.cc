@@ -1,7 +1,7 @@
 // Reference solution of lesson 1, part A (lesson1_amp/autocast.h).
 #include "lesson1_amp/autocast.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, &, ...)
 #include <torch/cuda.h>
 
 #include "third_party/libtorch/compat.h"

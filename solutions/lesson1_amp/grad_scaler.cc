@@ -4,11 +4,12 @@
 #include <cmath>
 #include <string>
 
-#include <ATen/ATen.h>
-#include <torch/types.h>  // clip_grad.h needs torch::Tensor declared first
-#include <torch/nn/utils/clip_grad.h>
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, &, ...)
+#include <ATen/ops/full.h>  // at:: functions come one header each; add <ATen/ops/NAME.h> for others
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/optim/optimizer.h>
-#include <torch/serialize/archive.h>
 
 #include "lesson1_amp/autocast.h"
 #include "third_party/libtorch/compat.h"
@@ -198,30 +199,6 @@ void GradScaler::load_state_dict(const GradScalerState& state) {
   }
 }
 
-void GradScaler::save(torch::serialize::OutputArchive& archive) const {
-  const GradScalerState state = state_dict();
-  archive.write("scale", c10::IValue(state.scale));
-  archive.write("growth_factor", c10::IValue(state.growth_factor));
-  archive.write("backoff_factor", c10::IValue(state.backoff_factor));
-  archive.write("growth_interval", c10::IValue(state.growth_interval));
-  archive.write("growth_tracker", c10::IValue(state.growth_tracker));
-}
-
-void GradScaler::load(torch::serialize::InputArchive& archive) {
-  GradScalerState state;
-  c10::IValue value;
-  archive.read("scale", value);
-  state.scale = value.toDouble();
-  archive.read("growth_factor", value);
-  state.growth_factor = value.toDouble();
-  archive.read("backoff_factor", value);
-  state.backoff_factor = value.toDouble();
-  archive.read("growth_interval", value);
-  state.growth_interval = value.toInt();
-  archive.read("growth_tracker", value);
-  state.growth_tracker = value.toInt();
-  load_state_dict(state);
-}
 // [state]
 
 // [train_step]
@@ -239,11 +216,7 @@ StepResult train_step(torch::optim::Optimizer& optimizer, GradScaler& scaler,
   scaler.scale(loss).backward();
   if (options.max_grad_norm > 0) {
     scaler.unscale_(optimizer);  // clip the true gradients, not the scaled ones
-    std::vector<at::Tensor> params;
-    for (auto& group : optimizer.param_groups()) {
-      for (auto& param : group.params()) params.push_back(param);
-    }
-    torch::nn::utils::clip_grad_norm_(params, options.max_grad_norm);
+    clip_grad_norm_(optimizer, options.max_grad_norm);
   }
   const bool stepped = scaler.step(optimizer);
   scaler.update();

@@ -4,15 +4,40 @@
 
 #include <cstddef>
 
-#include <ATen/autocast_mode.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
+#include <c10/macros/Export.h>
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
 #define WORKSHOP_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+// The autocast switches, declared exactly as ATen/autocast_mode.h declares them. That header includes all of
+// ATen/ATen.h (seconds of compile time per file); these declarations are all the lessons need.
+namespace at {
+namespace autocast {
+#if WORKSHOP_TORCH_AT_LEAST(2, 4)
+TORCH_API bool is_autocast_enabled(c10::DeviceType device_type);
+TORCH_API void set_autocast_enabled(c10::DeviceType device_type, bool enabled);
+TORCH_API c10::ScalarType get_autocast_dtype(c10::DeviceType device_type);
+TORCH_API void set_autocast_dtype(c10::DeviceType device_type, c10::ScalarType dtype);
+#else
+TORCH_API bool is_enabled();
+TORCH_API void set_enabled(bool enabled);
+TORCH_API bool is_cpu_enabled();
+TORCH_API void set_cpu_enabled(bool enabled);
+TORCH_API c10::ScalarType get_autocast_gpu_dtype();
+TORCH_API c10::ScalarType get_autocast_cpu_dtype();
+TORCH_API void set_autocast_gpu_dtype(c10::ScalarType dtype);
+TORCH_API void set_autocast_cpu_dtype(c10::ScalarType dtype);
+#endif
+TORCH_API void clear_cache();
+TORCH_API int increment_nesting();
+TORCH_API int decrement_nesting();
+}  // namespace autocast
+}  // namespace at
 
 namespace workshop {
 namespace compat {
