@@ -537,7 +537,7 @@ TEST_CASE("[step3] with bfloat16 autocast on CPU, accumulated AMP training track
   accum::train_accumulated(fp32_sgd, accum::split_batch(fp32_run.x, fp32_run.y, 4), fp32_run.loss_fn(), options);
   const double error = rel_error(minus(amp_run.params(), before), minus(fp32_run.params(), before));
   CAPTURE(error);
-  CHECK(error <= 5e-2);  // bfloat16 keeps 8 bits of mantissa: ~1e-2 relative per op
+  CHECK(error <= 2e-2);  // bfloat16 keeps 8 significant bits: ~4e-3 relative per rounding
   for (const auto& p : amp_run.model->parameters()) CHECK(dtype_name(p.scalar_type()) == "Float");
 }
 
