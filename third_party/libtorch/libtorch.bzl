@@ -55,25 +55,33 @@ def _locate(ctx):
          "or set LIBTORCH to a LibTorch root (the folder with include/ and lib/).")
 
 def _find_cuda_include(ctx, lt):
-    """Folders holding cuda_runtime_api.h, which the CUDA parts of the ATen/c10 headers include."""
-    candidates = []
+    """Folders with the CUDA headers that ATen's and c10's CUDA headers include (cuda_runtime_api.h, cublas_v2.h...).
+
+    A CUDA toolkit ($CUDA_HOME, $CUDA_PATH, /usr/local/cuda, beside nvcc) comes first; the headers that pip's
+    nvidia-* packages install beside torch (site-packages/nvidia/<part>/include, or one level deeper) follow.
+    """
+    toolkit = []
     for var in ["CUDA_HOME", "CUDA_PATH"]:
         if ctx.os.environ.get(var, ""):
-            candidates.append(ctx.os.environ[var] + "/include")
-    candidates.append("/usr/local/cuda/include")
+            toolkit.append(ctx.os.environ[var] + "/include")
+    toolkit.append("/usr/local/cuda/include")
     nvcc = ctx.which("nvcc")
     if nvcc != None:
-        candidates.append(str(nvcc.dirname.dirname) + "/include")
-
-    # pip wheels ship the CUDA headers beside torch: site-packages/nvidia/<part>/include
+        toolkit.append(str(nvcc.dirname.dirname) + "/include")
+    found = []
+    for c in toolkit:
+        if ctx.path(c + "/cuda_runtime_api.h").exists and c not in found:
+            found.append(c)
+            break
     nvidia = ctx.path(str(ctx.path(lt.libdir).dirname.dirname) + "/nvidia")
     if nvidia.exists:
         for part in nvidia.readdir():
-            candidates.append(str(part) + "/include")
-    found = []
-    for c in candidates:
-        if ctx.path(c + "/cuda_runtime_api.h").exists and c not in found:
-            found.append(c)
+            if "." in part.basename or part.basename.startswith("__"):
+                continue  # __init__.py, __pycache__: not header packages
+            for candidate in [part.get_child("include")] + [sub.get_child("include") for sub in part.readdir()
+                                                             if sub.get_child("include").exists]:
+                if candidate.exists and str(candidate) not in found:
+                    found.append(str(candidate))
     return found
 
 def _libtorch_repository_impl(ctx):
@@ -102,8 +110,13 @@ def _libtorch_repository_impl(ctx):
     macros = ctx.read(include.get_child("c10").get_child("macros").get_child("cmake_macros.h"))
     uses_glog = "#define C10_USE_GLOG" in macros
 
-    version = ctx.read(include.get_child("torch").get_child("csrc").get_child("api").get_child("include")
-        .get_child("torch").get_child("version.h"))
+    version_h = include.get_child("torch").get_child("csrc").get_child("api").get_child("include") \
+        .get_child("torch").get_child("version.h")
+    if not version_h.exists:
+        version_h = include.get_child("torch").get_child("version.h")
+    if not version_h.exists:
+        fail("%s: no torch/version.h found under %s" % (lt.origin, lt.include))
+    version = ctx.read(version_h)
     major = version.split("#define TORCH_VERSION_MAJOR ")[1].split("\n")[0].strip()
     minor = version.split("#define TORCH_VERSION_MINOR ")[1].split("\n")[0].strip()
 
