@@ -33,7 +33,7 @@ constexpr const char* kSyncOp = "aten::_local_scalar_dense";
 
 /// Bounds used by diagnose(); the defaults have wide margins for the lesson's loops.
 struct DiagnoseOptions {
-  double data_share = 0.3;      ///< the data phase above this share of the profile is a problem
+  double data_share = 0.3;        ///< a data phase above this step_share() is a problem
   double tiny_ops_per_step = 32;  ///< a phase with at least this many direct child ops per step is a problem
 };
 
@@ -43,12 +43,12 @@ struct Finding {
   std::string phase;          ///< the phase label it was found in
   std::string op;             ///< the op that shows it: the sync op, or the phase's most-called direct child
   double calls_per_step = 0;  ///< how often `op` ran per step
-  double phase_share = 0;     ///< the share of the profile spent in `phase`
+  double phase_share = 0;     ///< Profile::step_share() of `phase`
 };
 
 /// Step 4. Names the problems in a profile of `steps` training steps:
 ///  - kHostDeviceSync when kSyncOp runs at least once per step (phase: where it ran);
-///  - kDataInStep when the data phase's share exceeds options.data_share (op: its most-called direct child);
+///  - kDataInStep when the data phase's step_share() exceeds options.data_share (op: its most-called direct child);
 ///  - kTinyOps for each phase whose direct child ops number at least options.tiny_ops_per_step per step
 ///    (op: the most-called of them).
 /// Sorted by phase_share, largest first; ties in the order of the Problem enum. The first finding is the

@@ -131,11 +131,11 @@ int main(int argc, char** argv) {
     // 4. Step time, unprofiled, side by side in one run.
     const auto slow_time = prof::measure(device, [&] { slow.slow_step(); }, 2, repeats);
     const auto fast_time = prof::measure(device, [&] { fast.fast_step(); }, 2, repeats);
-    workshop::Table step_time("lesson3_step_time", {"loop", "median_ms", "min_ms", "max_ms", "data_share"});
+    workshop::Table step_time("lesson3_step_time", {"loop", "median_ms", "min_ms", "max_ms", "data_step_share"});
     step_time.add({"slow", fixed(slow_time.median_ms, 3), fixed(slow_time.min_ms, 3), fixed(slow_time.max_ms, 3),
-                   fixed(before.share(prof::Phase::kData), 3)});
+                   fixed(before.step_share(prof::Phase::kData), 3)});
     step_time.add({"fixed", fixed(fast_time.median_ms, 3), fixed(fast_time.min_ms, 3), fixed(fast_time.max_ms, 3),
-                   fixed(after.share(prof::Phase::kData), 3)});
+                   fixed(after.step_share(prof::Phase::kData), 3)});
     std::cout << "\nStep time (" << repeats << " repeats, median):\n";
     step_time.emit(csv_dir);
     std::cout << "speed-up: " << fixed(slow_time.median_ms / fast_time.median_ms, 2) << "x\n";

@@ -84,6 +84,11 @@ class Profile {
   /// Given. share of the phase's row: the fraction of the profiled time spent in that phase.
   double share(Phase phase) const { return row(phase_label(phase)).share; }
 
+  /// Given. The median over the profiled steps of the phase's share of its step (step k: the k-th range of
+  /// each top-level phase). Unlike share(), one step stretched by the operating system (a preempted thread)
+  /// barely moves it. Errors: no such phase in the profile, or phases that ran unequal numbers of times.
+  double step_share(Phase phase) const;
+
   /// Given. The table as aligned text, at most `max_rows` rows.
   std::string format(size_t max_rows = 20) const;
 

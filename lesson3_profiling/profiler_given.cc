@@ -1,6 +1,7 @@
 // Lesson 3, given code: recording ranges through the compatibility layer, and the Profile's small helpers.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include <c10/util/Exception.h>
@@ -95,6 +96,28 @@ std::string Profile::format(size_t max_rows) const {
   }
   if (rows.size() > max_rows) out << "... " << rows.size() - max_rows << " more rows\n";
   return out.str();
+}
+
+double Profile::step_share(Phase phase) const {
+  const std::string label = phase_label(phase);
+  std::map<std::string, std::vector<double>> durations;  // phase label -> total_us of each occurrence
+  for (const auto& event : events_) {
+    if (event.depth == 0 && is_phase_label(event.name)) durations[event.name].push_back(event.total_us());
+  }
+  TORCH_CHECK(durations.count(label), "step_share: the profile has no ", label, " range");
+  const size_t steps = durations[label].size();
+  for (const auto& entry : durations) {
+    TORCH_CHECK(entry.second.size() == steps, "step_share: ", entry.first, " ran ", entry.second.size(),
+                " times but ", label, " ", steps, " times; profile whole steps");
+  }
+  std::vector<double> shares;
+  for (size_t k = 0; k < steps; ++k) {
+    double step_us = 0;
+    for (const auto& entry : durations) step_us += entry.second[k];
+    shares.push_back(step_us > 0 ? durations[label][k] / step_us : 0.0);
+  }
+  std::sort(shares.begin(), shares.end());
+  return steps % 2 ? shares[steps / 2] : 0.5 * (shares[steps / 2 - 1] + shares[steps / 2]);
 }
 
 Profile profile_steps(int64_t steps, const std::function<void()>& step, int64_t warmup) {

@@ -17,9 +17,12 @@ std::vector<Finding> diagnose(const Profile& profile, int64_t steps, const Diagn
   const auto& events = profile.events();
   const double per_step = 1.0 / static_cast<double>(steps);
 
-  // Per phase: its share, and how often each op ran directly inside it.
+  // Per phase: its median share of a step, and how often each op ran directly inside it.
   std::map<std::string, double> phase_share;
-  for (const auto& row : profile.phase_table()) phase_share[row.name] = row.share;
+  for (const auto& row : profile.phase_table()) phase_share[row.name] = 0;
+  for (const auto phase : {Phase::kData, Phase::kForward, Phase::kBackward, Phase::kOptimizer}) {
+    if (phase_share.count(phase_label(phase))) phase_share[phase_label(phase)] = profile.step_share(phase);
+  }
   TORCH_CHECK(!phase_share.empty(), "diagnose: the profile has no phase ranges (wrap the step's phases in ",
               "ScopedRange)");
   std::map<std::string, std::map<std::string, int64_t>> direct_calls;  // phase -> op -> calls
