@@ -1,0 +1,29 @@
+// Lesson 3, part 2 — your code: the RAII profiler range. Checks: phases_test.cc,
+//   bazel test //lesson3_profiling:all --test_arg=--test-case='*step2*'
+// Steps, hints and background: lesson3_profiling/README.md.
+#include "lesson3_profiling/phases.h"
+
+#include <ATen/record_function.h>
+#include <c10/util/Exception.h>
+
+#include "third_party/libtorch/compat_profiler.h"
+
+namespace prof {
+
+// [range_open]
+ScopedRange::ScopedRange(std::string name) : name_(std::move(name)) {
+  // TODO(lesson3, step 2): Reject an empty name (message with "empty"). Make an at::RecordFunction with
+  // at::RecordScope::USER_SCOPE; if it isActive(), call before(name_) and keep it in record_. Then, where
+  // workshop::compat::nvtx_available(), push an NVTX range and remember it in nvtx_open_.
+  TORCH_CHECK(false, "TODO(lesson3, step 2): ScopedRange is not implemented yet");
+}
+// [range_open]
+
+// [range_close]
+ScopedRange::~ScopedRange() {
+  // TODO(lesson3, step 2): Pop the NVTX range if one was pushed, then end the RecordFunction (reset record_).
+  // A destructor must not throw.
+}
+// [range_close]
+
+}  // namespace prof
