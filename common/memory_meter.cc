@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
@@ -17,7 +18,9 @@ namespace workshop {
 namespace {
 
 // Wraps the CPU allocator LibTorch had before and counts bytes in and out. Installed once, never removed:
-// tensors it allocated may outlive any meter.
+// tensors it allocated may outlive any meter. Each DataPtr it returns has the data pointer as its context
+// (some kernels use Allocator::raw_allocate, which requires that), and a table maps the pointer back to the
+// inner allocation and its size.
 class CountingCpuAllocator final : public compat::WrappingAllocator {
  public:
   explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
@@ -26,28 +29,42 @@ class CountingCpuAllocator final : public compat::WrappingAllocator {
   int64_t peak() const { return peak_.load(); }
   void reset_peak() { peak_.store(current_.load()); }
 
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingCpuAllocator::release; }
+
+  static CountingCpuAllocator* instance;
+
  protected:
   c10::DataPtr allocate_impl(size_t nbytes) const override {
     c10::DataPtr inner = inner_->allocate(nbytes);
-    const c10::Device device = inner.device();
     void* data = inner.get();
-    auto* context = new Context{std::move(inner), static_cast<int64_t>(nbytes), this};
-    add(context->bytes);
-    return c10::DataPtr(data, context, &CountingCpuAllocator::release, device);
+    if (data == nullptr) return inner;  // zero bytes: nothing to count
+    const c10::Device device = inner.device();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_.emplace(data, Entry{std::move(inner), static_cast<int64_t>(nbytes)});
+    }
+    add(static_cast<int64_t>(nbytes));
+    return c10::DataPtr(data, data, &CountingCpuAllocator::release, device);
   }
 
  private:
-  struct Context {
-    c10::DataPtr inner;  // frees the memory when the context is deleted
+  struct Entry {
+    c10::DataPtr inner;  // frees the memory when the entry is destroyed
     int64_t bytes;
-    const CountingCpuAllocator* owner;
   };
 
-  static void release(void* raw) {
-    auto* context = static_cast<Context*>(raw);
-    context->owner->current_.fetch_sub(context->bytes);
-    delete context;
-  }
+  static void release(void* data) {
+    CountingCpuAllocator* self = instance;
+    Entry entry;
+    {
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      auto found = self->live_.find(data);
+      if (found == self->live_.end()) return;
+      entry = std::move(found->second);
+      self->live_.erase(found);
+    }
+    self->current_.fetch_sub(entry.bytes);
+  }  // entry.inner frees the memory here, outside the lock
 
   void add(int64_t bytes) const {
     const int64_t now = current_.fetch_add(bytes) + bytes;
@@ -57,13 +74,18 @@ class CountingCpuAllocator final : public compat::WrappingAllocator {
   }
 
   c10::Allocator* inner_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, Entry> live_;
   mutable std::atomic<int64_t> current_{0};
   mutable std::atomic<int64_t> peak_{0};
 };
 
+CountingCpuAllocator* CountingCpuAllocator::instance = nullptr;
+
 CountingCpuAllocator& counting_cpu_allocator() {
   static CountingCpuAllocator* allocator = [] {
     auto* counting = new CountingCpuAllocator(c10::GetCPUAllocator());
+    CountingCpuAllocator::instance = counting;
     c10::SetCPUAllocator(counting, /*priority=*/100);
     TORCH_CHECK(c10::GetCPUAllocator() == counting,
                 "MemoryMeter: could not install the counting CPU allocator (another allocator has priority)");
