@@ -1,0 +1,124 @@
+// Lesson 4, steps 2 and 3 — your code. Replace each TODO with an implementation; the checks in
+// checkpoint_test.cc tell you when it is right:  bazel test //lesson4_memory:all --test_arg=--test-case='*step2*'
+// Steps, hints and background: lesson4_memory/README.md.
+#include "lesson4_memory/checkpoint.h"
+
+#include <mutex>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "third_party/libtorch/compat.h"
+
+#if WORKSHOP_HAS_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+namespace mem {
+
+// [get_rng_state]
+RngState get_rng_state(int cuda_device) {
+  // TODO(lesson4, step 2): state.cpu = the default CPU generator's get_state() (at::detail::
+  // getDefaultCPUGenerator(); hold its mutex() while you read). If cuda_device >= 0: the same with
+  // at::cuda::detail::getDefaultCUDAGenerator(cuda_device) inside #if WORKSHOP_HAS_CUDA (an error otherwise),
+  // and remember cuda_device.
+  (void)cuda_device;
+  TORCH_CHECK(false, "TODO(lesson4, step 2): get_rng_state() is not implemented yet");
+}
+// [get_rng_state]
+
+// [set_rng_state]
+void set_rng_state(const RngState& state) {
+  // TODO(lesson4, step 2): Reject a state without a CPU part ("CPU"). set_state() the CPU generator (under its
+  // mutex), and the CUDA one when state.cuda is defined.
+  (void)state;
+  TORCH_CHECK(false, "TODO(lesson4, step 2): set_rng_state() is not implemented yet");
+}
+// [set_rng_state]
+
+namespace {
+
+// What backward needs besides the saved tensors: the segment itself and the state of the first run. It
+// travels in ctx->saved_data as a capsule: at::IValue::make_capsule(state) and back with
+// c10::static_intrusive_pointer_cast<SegmentState>(ctx->saved_data["state"].toCapsule()).
+struct SegmentState : torch::CustomClassHolder {
+  Segment segment;
+  RngState rng;
+  AutocastState autocast;
+  size_t num_inputs = 0;
+};
+
+// The CUDA device of the first CUDA tensor, or -1: whose random state must be replayed.
+[[maybe_unused]] int cuda_device_of(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.is_cuda()) return t.get_device();
+  }
+  return -1;
+}
+
+// [checkpoint_function]
+class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                c10::intrusive_ptr<SegmentState> state, at::TensorList inputs,
+                                                at::TensorList parameters) {
+    // TODO(lesson4, step 2): apply() already runs this with grad mode off. Record in `state` the number of
+    // inputs, the RNG state (get_rng_state(cuda_device_of(...))) and current_autocast_state(). Run the
+    // segment (reject an empty result: "returned no tensors"). save_for_backward(inputs then parameters),
+    // put the state capsule in ctx->saved_data["state"], return the outputs.
+    (void)ctx;
+    (void)state;
+    (void)inputs;
+    (void)parameters;
+    TORCH_CHECK(false, "TODO(lesson4, step 2): CheckpointFunction::forward() is not implemented yet");
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    // TODO(lesson4, step 2): Get the state and the saved tensors. Detach the inputs into fresh leaves
+    // (requires_grad as the originals). Save the current RNG state, set the forward's, and with
+    // AutocastReplay(state->autocast) and at::AutoGradMode(true) run the segment again; put the RNG state
+    // back. torch::autograd::grad(outputs that require grad, [inputs and parameters that require grad],
+    // their grad_outputs, false, false, /*allow_unused=*/true). Return one slot per forward argument:
+    // undefined for the state, then the inputs' gradients, then the parameters'.
+    (void)ctx;
+    (void)grad_outputs;
+    TORCH_CHECK(false, "TODO(lesson4, step 2): CheckpointFunction::backward() is not implemented yet");
+  }
+};
+// [checkpoint_function]
+
+}  // namespace
+
+// [checkpoint]
+std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at::Tensor>& inputs,
+                                   const std::vector<at::Tensor>& parameters) {
+  // TODO(lesson4, step 2): Reject an empty segment ("segment is empty"), no inputs ("no inputs") and
+  // undefined inputs. With grad mode off (at::GradMode::is_enabled()) just return segment(inputs). Reject
+  // the case where no input and no parameter requires grad ("requires grad"). Then
+  // CheckpointFunction::apply(c10::make_intrusive<SegmentState>() holding the segment, at::TensorList(inputs),
+  // at::TensorList(parameters)).
+  (void)segment;
+  (void)inputs;
+  (void)parameters;
+  TORCH_CHECK(false, "TODO(lesson4, step 2): checkpoint() is not implemented yet");
+}
+// [checkpoint]
+
+// [checkpoint_sequential]
+at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments, const at::Tensor& input) {
+  // TODO(lesson4, step 3): Reject an empty model ("no layers"), segments < 1 ("segments must be >= 1") and
+  // segments > model->size() ("more segments"). Split the layers: n / segments each, the first n % segments
+  // one more. For each segment a Segment lambda runs its layers ((model.ptr()->begin() + j)->forward(h)).
+  // Every segment but the last goes through checkpoint() with the parameters of its layers
+  // (model->ptr(j)->parameters()); the last runs plainly. Return the final output.
+  (void)model;
+  (void)segments;
+  (void)input;
+  TORCH_CHECK(false, "TODO(lesson4, step 3): checkpoint_sequential() is not implemented yet");
+}
+// [checkpoint_sequential]
+
+}  // namespace mem

@@ -1,0 +1,77 @@
+// Lesson 4 — reduce memory use. Part B (steps 2 and 3): activation checkpointing.
+//
+// A checkpointed segment runs its forward pass without keeping its activations; backward runs it again, this
+// time recording the graph, and backpropagates through the recomputed copy. Memory for one extra forward.
+// LibTorch's C++ API has no checkpoint function: you write one as a custom autograd function.
+// See lesson4_memory/README.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include "lesson1_amp/autocast.h"
+
+namespace mem {
+
+/// A piece of the forward pass: tensors in, tensors out. It must be a pure function of its inputs, the
+/// parameters it uses and the random-number state (it runs twice).
+using Segment = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
+/// The state of the default random-number generators at one moment: the CPU one, and one CUDA device's
+/// (`cuda` undefined and cuda_device -1 when not captured).
+struct RngState {
+  at::Tensor cpu;
+  at::Tensor cuda;
+  int cuda_device = -1;
+};
+
+/// Step 2. Captures the CPU generator's state and, if `cuda_device` >= 0, that CUDA device's generator state.
+RngState get_rng_state(int cuda_device = -1);
+
+/// Step 2. Puts the generators back into `state` (the CUDA one only if it was captured). Throws if
+/// state.cpu is undefined.
+void set_rng_state(const RngState& state);
+
+/// Step 2. Runs `segment` on `inputs` without keeping its activations, and returns its outputs. In backward,
+/// the segment runs again under grad mode, with the random-number and autocast state of the first run (so
+/// dropout draws the same mask), and gradients flow to the `inputs` that require grad and to `parameters`
+/// (list every parameter the segment uses: the others get no gradient).
+/// With grad mode off (e.g. under torch::NoGradGuard) it simply returns segment(inputs).
+/// Throws if `segment` is empty, `inputs` is empty, or — with grad mode on — none of `inputs` and
+/// `parameters` requires grad (nothing could receive a gradient).
+std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at::Tensor>& inputs,
+                                   const std::vector<at::Tensor>& parameters = {});
+
+/// Step 3. model->forward(input) with the model's layers split into `segments` consecutive segments of
+/// near-equal size (the first n % segments get one layer more). Every segment but the last runs under
+/// checkpoint() with its own layers' parameters; the last runs plainly (backward needs it at once).
+/// segments == 1 is the plain forward pass. Throws if segments < 1, segments > model->size() (named
+/// "more segments than layers"), or the model is empty.
+at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments, const at::Tensor& input);
+
+/// Given. The autocast switches of CPU and CUDA at one moment.
+struct AutocastState {
+  bool cpu_enabled = false;
+  c10::ScalarType cpu_dtype = c10::ScalarType::BFloat16;
+  bool cuda_enabled = false;
+  c10::ScalarType cuda_dtype = c10::ScalarType::Half;
+};
+
+/// Given. The autocast state now.
+AutocastState current_autocast_state();
+
+/// Given. While alive, autocast is as in `state` (lesson 1's guards, one per device); restored on exit.
+class AutocastReplay {
+ public:
+  explicit AutocastReplay(const AutocastState& state);
+
+ private:
+  amp::AutocastGuard cpu_;
+  amp::AutocastGuard cuda_;
+};
+
+}  // namespace mem

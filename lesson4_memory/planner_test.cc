@@ -1,0 +1,178 @@
+// Checks for lesson 4, step 4: the combined recipe (checkpointing + 16-bit + accumulation) and the planner.
+// Run: bazel test //lesson4_memory:all --test_arg=--test-case='*step4*'
+#include "tests/torch_doctest.h"
+
+#include <cmath>
+
+#include <torch/torch.h>
+
+#include "lesson4_memory/planner.h"
+#include "lesson4_memory/workload.h"
+
+using doctest::Contains;
+
+namespace {
+
+mem::MlpSpec spec_of(int64_t layers, int64_t width, int64_t batch) {
+  mem::MlpSpec spec;
+  spec.layers = layers;
+  spec.width = width;
+  spec.batch = batch;
+  return spec;
+}
+
+mem::Recipe recipe(int64_t micro_batch, int64_t segments, bool low_precision) {
+  mem::Recipe r;
+  r.micro_batch = micro_batch;
+  r.segments = segments;
+  r.low_precision = low_precision;
+  return r;
+}
+
+bool same(const mem::Recipe& a, const mem::Recipe& b) {
+  return a.micro_batch == b.micro_batch && a.segments == b.segments && a.low_precision == b.low_precision;
+}
+
+// Gradients after one train_step with `r` (train_step leaves them in place until the next step).
+std::vector<torch::Tensor> step_gradients(const mem::MlpSpec& spec, const mem::Recipe& r, double* loss) {
+  auto model = mem::make_deep_mlp(spec, torch::kCPU);
+  const auto batch = mem::make_batch(spec, torch::kCPU);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.0));  // lr 0: gradients only
+  *loss = mem::train_step(model, sgd, batch.first, batch.second, r);
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model->parameters()) grads.push_back(p.grad());
+  return grads;
+}
+
+}  // namespace
+
+TEST_CASE("[step4] accumulating uneven micro-batches gives the full batch's gradients and loss") {
+  const auto spec = spec_of(6, 32, 250);
+  double full_loss = 0, accumulated_loss = 0;
+  const auto full = step_gradients(spec, recipe(0, 1, false), &full_loss);
+  const auto accumulated = step_gradients(spec, recipe(64, 3, false), &accumulated_loss);  // 64+64+64+58 rows
+  REQUIRE(full.size() == accumulated.size());
+  double worst = 0;
+  for (size_t i = 0; i < full.size(); ++i) {
+    REQUIRE(full[i].defined());
+    REQUIRE(accumulated[i].defined());
+    worst = std::max(worst, ((full[i] - accumulated[i]).abs().max() / full[i].abs().max()).item<double>());
+  }
+  CAPTURE(worst);
+  CHECK(worst <= 1e-5);
+  CHECK(accumulated_loss == doctest::Approx(full_loss).epsilon(1e-6));
+}
+
+TEST_CASE("[step4] the combined recipe (checkpointing + 16-bit + accumulation) beats checkpointing alone") {
+  const auto spec = spec_of(32, 64, 1024);
+  const auto plain = mem::measure_training(spec, recipe(0, 1, false), torch::kCPU);
+  const auto checkpointed = mem::measure_training(spec, recipe(0, 6, false), torch::kCPU);
+  const auto combined = mem::measure_training(spec, recipe(256, 6, true), torch::kCPU);
+  const double checkpoint_ratio =
+      static_cast<double>(plain.step_peak_bytes) / static_cast<double>(checkpointed.step_peak_bytes);
+  const double combined_ratio =
+      static_cast<double>(plain.step_peak_bytes) / static_cast<double>(combined.step_peak_bytes);
+  CAPTURE(plain.step_peak_bytes);
+  CAPTURE(checkpointed.step_peak_bytes);
+  CAPTURE(combined.step_peak_bytes);
+  MESSAGE("32-layer MLP, CPU counted step peak: plain ", plain.step_peak_bytes, ", checkpointed ",
+          checkpointed.step_peak_bytes, " (ratio ", checkpoint_ratio, "), + bfloat16 + 4 micro-batches ",
+          combined.step_peak_bytes, " (ratio ", combined_ratio, ")");
+  CHECK(checkpoint_ratio >= 3.0);
+  CHECK(combined_ratio >= 1.5 * checkpoint_ratio);
+  CHECK(plain.resident_bytes == combined.resident_bytes);  // same model, batch and optimizer state
+}
+
+TEST_CASE("[step4] candidate recipes run from the fastest to the one using the least memory") {
+  const auto recipes = mem::candidate_recipes(8, 32);
+  REQUIRE(recipes.size() == 16);  // micro-batches 8, 4, 2, 1 × {plain, 16-bit, 6 segments, both}
+  CHECK(same(recipes[0], recipe(0, 1, false)));
+  CHECK(same(recipes[1], recipe(0, 1, true)));
+  CHECK(same(recipes[2], recipe(0, 6, false)));
+  CHECK(same(recipes[3], recipe(0, 6, true)));
+  CHECK(same(recipes[4], recipe(4, 1, false)));
+  CHECK(same(recipes.back(), recipe(1, 6, true)));
+  const auto one_layer = mem::candidate_recipes(3, 1);  // micro-batches 3, 2, 1; no checkpointing possible
+  REQUIRE(one_layer.size() == 6);
+  CHECK(same(one_layer[2], recipe(2, 1, false)));
+  CHECK(same(one_layer.back(), recipe(1, 1, true)));
+}
+
+TEST_CASE("[step4] the planner's choice really runs under its budget; a generous budget changes nothing") {
+  const auto spec = spec_of(16, 32, 512);
+  int probes = 0;
+  const mem::PeakProbe probe = [&](const mem::Recipe& r) {
+    ++probes;
+    return mem::measure_training(spec, r, torch::kCPU).total_peak_bytes;
+  };
+  const int64_t plain_peak = mem::measure_training(spec, recipe(0, 1, false), torch::kCPU).total_peak_bytes;
+
+  const mem::Plan generous = mem::plan_for_budget(2 * plain_peak, spec.batch, spec.layers, probe);
+  CHECK(same(generous.recipe, recipe(0, 1, false)));
+  CHECK(generous.probes == 2);  // the least-memory recipe first, then the first candidate fits
+
+  const int64_t budget = plain_peak / 2;
+  probes = 0;
+  const mem::Plan plan = mem::plan_for_budget(budget, spec.batch, spec.layers, probe);
+  CAPTURE(plain_peak);
+  CAPTURE(budget);
+  CAPTURE(mem::describe(plan.recipe));
+  CAPTURE(plan.peak_bytes);
+  CHECK(plan.probes == probes);
+  CHECK(plan.peak_bytes <= budget);
+  CHECK_FALSE(same(plan.recipe, recipe(0, 1, false)));
+  // The proof: a fresh run of three steps with the chosen recipe stays under the budget.
+  const auto proof = mem::measure_training(spec, plan.recipe, torch::kCPU, 3);
+  CAPTURE(proof.total_peak_bytes);
+  MESSAGE("planner: budget ", budget, " bytes (plain needs ", plain_peak, "): ", mem::describe(plan.recipe),
+          ", measured ", proof.total_peak_bytes, " bytes over 3 steps");
+  CHECK(proof.total_peak_bytes <= budget);
+}
+
+TEST_CASE("[step4] an impossible budget gets a clear error after a single probe") {
+  int probes = 0;
+  const mem::PeakProbe probe = [&](const mem::Recipe& r) {
+    ++probes;
+    return mem::measure_training(spec_of(8, 16, 64), r, torch::kCPU).total_peak_bytes;
+  };
+  CHECK_THROWS_WITH_AS(mem::plan_for_budget(1000, 64, 8, probe), Contains("no recipe fits the budget of 1000"),
+                       c10::Error);
+  CHECK(probes == 1);
+}
+
+TEST_CASE("[step4] bad input is rejected with a clear message") {
+  const auto spec = spec_of(4, 8, 16);
+  auto model = mem::make_deep_mlp(spec, torch::kCPU);
+  const auto batch = mem::make_batch(spec, torch::kCPU);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  CHECK_THROWS_WITH_AS(mem::train_step(model, sgd, batch.first, batch.second, recipe(-1, 1, false)),
+                       Contains("micro_batch"), c10::Error);
+  CHECK_THROWS_WITH_AS(mem::train_step(model, sgd, batch.first, batch.second, recipe(0, 0, false)),
+                       Contains("segments"), c10::Error);
+  CHECK_THROWS_WITH_AS(mem::train_step(model, sgd, batch.first, batch.second.narrow(0, 0, 3), recipe(0, 1, false)),
+                       Contains("rows"), c10::Error);
+  CHECK_THROWS_WITH_AS(mem::candidate_recipes(0, 4), Contains("batch"), c10::Error);
+  CHECK_THROWS_WITH_AS(mem::candidate_recipes(4, 0), Contains("layers"), c10::Error);
+  const mem::PeakProbe never = [](const mem::Recipe&) -> int64_t { return 0; };
+  CHECK_THROWS_WITH_AS(mem::plan_for_budget(0, 16, 4, never), Contains("budget_bytes"), c10::Error);
+  CHECK_THROWS_WITH_AS(mem::plan_for_budget(100, 16, 4, mem::PeakProbe()), Contains("probe is empty"), c10::Error);
+}
+
+GPU_TEST_CASE("[step4] on CUDA the ratios repeat with the caching allocator's statistics") {
+  const torch::Device cuda(torch::kCUDA, 0);
+  const auto spec = spec_of(32, 256, 4096);
+  const auto plain = mem::measure_training(spec, recipe(0, 1, false), cuda);
+  const auto checkpointed = mem::measure_training(spec, recipe(0, 6, false), cuda);
+  const auto combined = mem::measure_training(spec, recipe(1024, 6, true), cuda);
+  const double checkpoint_ratio =
+      static_cast<double>(plain.step_peak_bytes) / static_cast<double>(checkpointed.step_peak_bytes);
+  const double combined_ratio =
+      static_cast<double>(plain.step_peak_bytes) / static_cast<double>(combined.step_peak_bytes);
+  CAPTURE(plain.step_peak_bytes);
+  CAPTURE(checkpointed.step_peak_bytes);
+  CAPTURE(combined.step_peak_bytes);
+  MESSAGE("CUDA step peak: plain ", plain.step_peak_bytes, ", checkpointed ratio ", checkpoint_ratio,
+          ", combined ratio ", combined_ratio);
+  CHECK(checkpoint_ratio >= 2.5);
+  CHECK(combined_ratio > checkpoint_ratio);
+}
