@@ -30,8 +30,8 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, bool enabled)
 
 // [guard_enter]
 AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled) : device_(device) {
-  // TODO(lesson1, step 2): Check the arguments (CPU or CUDA; float16 or bfloat16; on CPU a dtype that
-  // workshop::compat::cpu_autocast_supports(); CUDA only if torch::cuda::is_available()).
+  // TODO(lesson1, step 2): Check the arguments (CPU or CUDA; when enabled: float16 or bfloat16, on CPU a
+  // dtype that workshop::compat::cpu_autocast_supports(), CUDA only if torch::cuda::is_available()).
   // Save the device's current autocast state in previous_enabled_ / previous_dtype_ (workshop::compat::
   // autocast_enabled / autocast_dtype), switch to the new one, and count one more nesting level
   // (at::autocast::increment_nesting()).

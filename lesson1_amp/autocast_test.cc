@@ -140,6 +140,10 @@ TEST_CASE("[step2] the guard rejects a device or dtype autocast cannot use, with
     CHECK_THROWS_WITH_AS(amp::AutocastGuard(torch::kCUDA), Contains("CUDA"), c10::Error);
   }
   CHECK_FALSE(cpu_autocast_on());  // a rejected guard changed nothing
+  {
+    amp::AutocastGuard off(torch::kCPU, torch::kFloat, /*enabled=*/false);  // "no autocast" takes any dtype
+    CHECK_FALSE(cpu_autocast_on());
+  }
 }
 
 GPU_TEST_CASE("[step2] on CUDA the guard runs a matmul in float16 and restores float32 after") {

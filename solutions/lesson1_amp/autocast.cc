@@ -35,7 +35,7 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, bool enabled)
 AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled) : device_(device) {
   TORCH_CHECK(device == c10::DeviceType::CPU || device == c10::DeviceType::CUDA,
               "AutocastGuard: autocast is for CPU or CUDA, got ", device);
-  TORCH_CHECK(dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16,
+  TORCH_CHECK(!enabled || dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16,
               "AutocastGuard: dtype must be float16 or bfloat16, got ", dtype);
   TORCH_CHECK(device != c10::DeviceType::CPU || !enabled || workshop::compat::cpu_autocast_supports(dtype),
               "AutocastGuard: CPU autocast in this LibTorch supports bfloat16 only, got ", dtype);
