@@ -3,7 +3,7 @@
 // ratios — never a bare time. Beside each, the napkin math: FLOPs and bytes of the workload, the device's
 // ceilings measured in the same run (matmul per dtype, memory copy), and the fraction achieved.
 //
-//   bazel run //bench -- [--device=best|cpu|cuda] [--quick] [--out_dir=DIR] [--cases=l1,l2]
+//   bazel run //bench -- [--device=best|cpu|cuda] [--quick] [--out_dir=DIR] [--cases=l1,l2,l3,l4]
 //
 // With --out_dir it writes DIR/bench_<device kind>.csv (machine-readable) and DIR/bench_<device kind>.md
 // (a Markdown table headed by device, LibTorch version, date and command), which docs/results/ keeps.
@@ -25,6 +25,9 @@
 #include "lesson1_amp/autocast.h"
 #include "lesson1_amp/grad_scaler.h"
 #include "lesson2_accumulation/accumulation.h"
+#include "lesson3_profiling/bottleneck.h"
+#include "lesson4_memory/planner.h"
+#include "lesson4_memory/workload.h"
 
 namespace {
 
@@ -177,6 +180,67 @@ void bench_lesson2(Context& c) {
   }
 }
 
+// ---- lesson 3: the planted loop before and after the fix ---------------------------------------------------
+
+void bench_lesson3(Context& c) {
+  prof::TrainerOptions options;
+  if (c.device.is_cuda()) {
+    options.samples = 65536;
+    options.batch = 4096;
+    options.features = 256;
+    options.hidden = 1024;
+  }
+  std::cout << "lesson 3: planted loop vs fixed loop, batch " << options.batch << std::endl;
+  prof::Trainer slow(options, c.device), fast(options, c.device);
+  fast.prepare();
+  const int repeats = c.quick ? 5 : 20;
+  const auto t_slow = workshop::time_repeated(c.device, [&] { slow.slow_step(); }, 3, repeats);
+  const auto t_fast = workshop::time_repeated(c.device, [&] { fast.fast_step(); }, 3, repeats);
+  const double flops = 6.0 * options.batch * (options.features * options.hidden + options.hidden * options.classes);
+  c.rows.push_back(Row{"lesson 3: training loop", "planted problems (sync, data in step, tiny ops)", t_slow, flops, 0,
+                       0, "", 1.0, ""});
+  c.rows.push_back(Row{"lesson 3: training loop", "fixed", t_fast, flops, 0, 0, "", t_slow.median_ms / t_fast.median_ms,
+                       ""});
+}
+
+// ---- lesson 4: peak bytes and time per technique ----------------------------------------------------------
+
+void bench_lesson4(Context& c) {
+  mem::MlpSpec spec;
+  spec.layers = 32;
+  spec.width = c.device.is_cuda() ? 1024 : (c.quick ? 64 : 128);
+  spec.batch = c.device.is_cuda() ? 8192 : (c.quick ? 1024 : 2048);
+  std::cout << "lesson 4: MLP " << spec.layers << " x " << spec.width << ", batch " << spec.batch << std::endl;
+  struct Variant {
+    std::string name;
+    mem::Recipe recipe;
+  };
+  mem::Recipe plain, checkpointed, low, accumulated;
+  checkpointed.segments = 6;
+  low = checkpointed;
+  low.low_precision = true;
+  accumulated = low;
+  accumulated.micro_batch = spec.batch / 4;
+  const std::vector<Variant> variants{{"plain", plain},
+                                      {"checkpointed (6 segments)", checkpointed},
+                                      {"+ 16-bit autocast", low},
+                                      {"+ accumulation (4 micro-batches)", accumulated}};
+  double base_ms = 0, base_bytes = 0;
+  for (const auto& v : variants) {
+    const mem::StepMemory m = mem::measure_training(spec, v.recipe, c.device, c.quick ? 3 : 10);
+    const double peak = static_cast<double>(m.step_peak_bytes);
+    if (base_ms == 0) {
+      base_ms = m.median_step_ms;
+      base_bytes = peak;
+    }
+    workshop::Timing timing{m.median_step_ms, m.median_step_ms, m.median_step_ms, {}};
+    c.rows.push_back(Row{"lesson 4: memory", v.name, timing, 6.0 * spec.batch * spec.layers * spec.width * spec.width,
+                         peak, 0, "", base_ms / m.median_step_ms,
+                         "step peak " + workshop::mib(peak) + ", " + fixed(base_bytes / std::max(peak, 1.0), 2) +
+                             "x lower; time " + fixed(m.median_step_ms / base_ms, 2) + "x plain"});
+  }
+}
+
 std::string now_utc() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -190,12 +254,12 @@ int main(int argc, char** argv) {
   try {
     workshop::Flags flags(argc, argv, {{"device", "best (default), cpu, cuda"},
                                        {"quick", "small sizes (a smoke run)"},
-                                       {"cases", "comma-separated: l1,l2 (default all)"},
+                                       {"cases", "comma-separated: l1,l2,l3,l4 (default all)"},
                                        {"out_dir", "write bench_<device>.csv and .md there"}});
     Context c;
     c.device = workshop::parse_device(flags.get("device", "best"));
     c.quick = flags.has("quick");
-    const std::string cases = "," + flags.get("cases", "l1,l2") + ",";
+    const std::string cases = "," + flags.get("cases", "l1,l2,l3,l4") + ",";
     std::string command = "bazel run //bench --";
     for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
     const std::string name = workshop::device_name(c.device);
@@ -204,6 +268,8 @@ int main(int argc, char** argv) {
     measure_ceilings(c);
     if (cases.find(",l1,") != std::string::npos) bench_lesson1(c);
     if (cases.find(",l2,") != std::string::npos) bench_lesson2(c);
+    if (cases.find(",l3,") != std::string::npos) bench_lesson3(c);
+    if (cases.find(",l4,") != std::string::npos) bench_lesson4(c);
 
     workshop::Table table("bench", {"benchmark", "variant", "median ms", "min..max ms", "GFLOP/s", "ceiling",
                                     "of ceiling", "speed-up", "note"});

@@ -6,7 +6,8 @@ out=${TEST_TMPDIR:-/tmp}/bench_smoke
 fail=0
 for f in bench_cpu.csv bench_cpu.md; do [[ -s $out/$f ]] || { echo "missing $out/$f"; fail=1; }; done
 rows=$(($(wc -l < "$out/bench_cpu.csv") - 1))
-[[ $rows -ge 5 ]] || { echo "expected >= 5 result rows (2 lesson-1 variants, 3 lesson-2 K values), got $rows"; fail=1; }
+# 2 lesson-1 variants on CPU, 3 lesson-2 K values, 2 lesson-3 loops, 4 lesson-4 recipes
+[[ $rows -ge 11 ]] || { echo "expected >= 11 result rows, got $rows"; fail=1; }
 grep -q "Device: " "$out/bench_cpu.md" || { echo "the Markdown table does not name the device"; fail=1; }
 echo "$(( fail == 0 ? 1 : 0 )) passed, $fail failed"
 exit $fail
