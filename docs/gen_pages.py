@@ -27,6 +27,7 @@ STEP_HEADING = re.compile(r"^## Step (\d+)\b(.*?)(\{#([\w-]+)\})?\s*$")
 SNIPPET = re.compile(r"^\s*\\snippet\s+(\S+)\s+(\S+)\s*$")
 TEST_CASE = re.compile(r'^\s*(GPU_)?TEST_CASE\s*\(\s*"(\[step(\d+)\][^"]*)"')
 TAG = re.compile(r"^\s*// \[([\w-]+)\]\s*$")
+QUOTED_SPAN = re.compile(r"(?<!`)`([^`\n]*'[^`\n]*)`(?!`)")
 MAX_TABLE_ROWS = 24
 
 
@@ -177,7 +178,7 @@ def process_lesson(lessons, i, csv_dir, images, summary):
         k = step
         count = len(cases.get(k, []))
         text = ("<b>Checks of step %d:</b> \\ref lesson%d_checks_step%d \"%d check%s\" — "
-                "`bazel test //%s:all --test_arg=--test-case='*step%d*'`"
+                "``bazel test //%s:all --test_arg=--test-case='*step%d*'``"
                 % (k, n, k, count, "" if count == 1 else "s", folder, k))
         mine = [(f, t) for (s, f, t) in answers if s == k]
         if mine:
@@ -204,6 +205,9 @@ def process_lesson(lessons, i, csv_dir, images, summary):
                 answer = os.path.join(solution_dir, os.path.basename(m.group(1)))
                 if m.group(2) in tags(answer) and not any(t == m.group(2) for _, _, t in answers):
                     answers.append((step, answer, m.group(2)))
+        if not fenced and not line.startswith("    "):
+            # Doxygen 1.9 ends a `code span` at a "'" (it reads `...' as quotes); ``code span`` is safe.
+            line = QUOTED_SPAN.sub(r"``\1``", line)
         out.append(line)
     close_step()
 
@@ -236,7 +240,7 @@ def process_lesson(lessons, i, csv_dir, images, summary):
               "`bazel run //:progress` runs them all and says which step to work on next.", ""]
     for k in sorted(cases):
         extra += ["### Step %d {#lesson%d_checks_step%d}" % (k, n, k), "",
-                  "Back to \\ref lesson%d_step%d \"step %d\". Run: `bazel test //%s:all --test_arg=--test-case='*step%d*'`"
+                  "Back to \\ref lesson%d_step%d \"step %d\". Run: ``bazel test //%s:all --test_arg=--test-case='*step%d*'``"
                   % (n, k, k, folder, k), ""]
         for name, path, line_no in cases[k]:
             # <tt>, not a code span: Doxygen reads "a::b" in a code span as a link request.
