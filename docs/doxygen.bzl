@@ -1,25 +1,102 @@
-"""A rule that runs Doxygen over the given sources and produces the HTML site as a directory."""
+"""The docs site's build steps: run the demos, generate pages and plots from their CSV, run Doxygen."""
+
+def _demo_csv_impl(ctx):
+    out = ctx.actions.declare_directory(ctx.label.name)
+    commands = ["set -e", "mkdir -p %s" % out.path]
+    tools = []
+    for demo in ctx.attr.demos:
+        run = demo[DefaultInfo].files_to_run
+        tools.append(run)
+        log = "%s/%s.log" % (out.path, demo.label.package)
+        commands.append(
+            "if ! {exe} {args} --csv_dir={out} > {log} 2>&1; then cat {log} >&2; echo '{label} failed' >&2; exit 1; fi"
+                .format(exe = run.executable.path, args = " ".join(ctx.attr.args), out = out.path, log = log,
+                        label = demo.label),
+        )
+    ctx.actions.run_shell(
+        outputs = [out],
+        tools = tools,
+        command = "\n".join(commands),
+        mnemonic = "DemoCsv",
+        progress_message = "Running the lessons' demos (%s) for the docs' plots" % " ".join(ctx.attr.args),
+        use_default_shell_env = True,
+    )
+    return [DefaultInfo(files = depset([out]), runfiles = ctx.runfiles(files = [out]))]
+
+demo_csv = rule(
+    implementation = _demo_csv_impl,
+    doc = "Runs each demo with `args --csv_dir=<this folder>`; the folder holds their CSV files and logs.",
+    attrs = {
+        "demos": attr.label_list(cfg = "target", mandatory = True),
+        "args": attr.string_list(default = ["--quick", "--device=cpu"]),
+    },
+)
+
+def _site_pages_impl(ctx):
+    out = ctx.actions.declare_directory(ctx.label.name)
+    args = ctx.actions.args()
+    args.add(ctx.file.generator)
+    args.add("--lessons", ctx.file.lessons)
+    args.add("--csv", ctx.file.csv.path)
+    args.add("--mainpage", ctx.file.mainpage)
+    args.add("--plots", ctx.file.plots_common.dirname)
+    for f in ctx.files.recorded:
+        args.add("--recorded", f)
+    args.add("--out", out.path)
+    ctx.actions.run_shell(
+        outputs = [out],
+        inputs = ctx.files.srcs + ctx.files.plots + ctx.files.recorded +
+                 [ctx.file.generator, ctx.file.lessons, ctx.file.csv, ctx.file.mainpage, ctx.file.plots_common],
+        command = "python3 \"$@\"",
+        arguments = [args],
+        mnemonic = "SitePages",
+        progress_message = "Generating the docs' pages and plots",
+        use_default_shell_env = True,
+    )
+    return [DefaultInfo(files = depset([out]), runfiles = ctx.runfiles(files = [out]))]
+
+site_pages = rule(
+    implementation = _site_pages_impl,
+    doc = "Runs docs/gen_pages.py: lesson pages with cross-links, main page, results page, plots (gnuplot).",
+    attrs = {
+        "generator": attr.label(allow_single_file = True, mandatory = True),
+        "lessons": attr.label(allow_single_file = True, mandatory = True),
+        "csv": attr.label(allow_single_file = True, mandatory = True, doc = "a demo_csv folder"),
+        "mainpage": attr.label(allow_single_file = True, mandatory = True),
+        "plots_common": attr.label(allow_single_file = True, mandatory = True, doc = "docs/plots/common.gp"),
+        "plots": attr.label_list(allow_files = [".gp"]),
+        "recorded": attr.label_list(allow_files = [".csv"], doc = "recorded GPU runs (docs/results/*.csv)"),
+        "srcs": attr.label_list(allow_files = True, doc = "lesson READMEs, checks, demos, solutions"),
+    },
+)
 
 def _doxygen_site_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name)
-    inputs = " ".join(ctx.attr.inputs)
-    images = " ".join([f.dirname for f in ctx.files.images])
+    pages = ctx.file.pages.path
+    headers = [f.path for f in ctx.files.srcs if f.extension == "h"]
+    inputs = " ".join([pages] + ctx.attr.inputs + headers)
     ctx.actions.run_shell(
         outputs = [out],
-        inputs = ctx.files.srcs + ctx.files.images + [ctx.file.doxyfile],
+        inputs = ctx.files.srcs + [ctx.file.doxyfile, ctx.file.pages],
         command = """
 set -e
 export DOXYGEN_OUT="$(mktemp -d)"
 export DOXYGEN_INPUT="{inputs}"
-export DOXYGEN_IMAGES="{images}"
+export DOXYGEN_IMAGES="{pages}/images"
+export DOXYGEN_MAINPAGE="{pages}/mainpage.md"
 if ! doxygen {doxyfile} > "$DOXYGEN_OUT/log.txt" 2>&1; then
   cat "$DOXYGEN_OUT/log.txt" >&2
   echo "doxygen failed (warnings are errors)" >&2
   exit 1
 fi
+if [ -s "$DOXYGEN_OUT/log.txt" ]; then
+  cat "$DOXYGEN_OUT/log.txt" >&2
+  echo "doxygen printed the messages above; the site must build without any" >&2
+  exit 1
+fi
 cp -r "$DOXYGEN_OUT/html/." {out}/
 rm -rf "$DOXYGEN_OUT"
-""".format(inputs = inputs, images = images, doxyfile = ctx.file.doxyfile.path, out = out.path),
+""".format(inputs = inputs, pages = pages, doxyfile = ctx.file.doxyfile.path, out = out.path),
         mnemonic = "Doxygen",
         progress_message = "Building the docs site with Doxygen",
         use_default_shell_env = True,
@@ -30,8 +107,8 @@ doxygen_site = rule(
     implementation = _doxygen_site_impl,
     attrs = {
         "doxyfile": attr.label(allow_single_file = True, mandatory = True),
-        "inputs": attr.string_list(doc = "files and folders (workspace-relative) Doxygen reads as INPUT"),
-        "srcs": attr.label_list(allow_files = True, doc = "every file Doxygen reads, snippets included"),
-        "images": attr.label_list(allow_files = True),
+        "pages": attr.label(allow_single_file = True, mandatory = True, doc = "a site_pages folder"),
+        "inputs": attr.string_list(doc = "more files (workspace-relative) Doxygen reads as INPUT"),
+        "srcs": attr.label_list(allow_files = True, doc = "every file Doxygen reads; headers become INPUT"),
     },
 )

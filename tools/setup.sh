@@ -14,7 +14,9 @@ packages=(
   doctest-dev          # the test framework (a single header)
   doxygen              # the docs site
   graphviz             # Doxygen's diagrams
-  gnuplot-nox          # plots for the docs from the demos' CSV files
+  gnuplot-nox          # plots for the docs from the demos' CSV files (pngcairo terminal)
+  chromium             # the docs' browser check (headless)
+  chromium-driver      # chromedriver, which drives it
 )
 
 say() { printf '[setup] %s\n' "$*"; }
@@ -51,4 +53,4 @@ fi
 command -v bazel >/dev/null || { say "bazel is not on PATH after installing bazel-bootstrap"; exit 1; }
 [[ -e /usr/include/torch/csrc/api/include/torch/torch.h ]] || say "note: Debian's LibTorch headers are missing; set LIBTORCH to another LibTorch (see README)"
 [[ -e /usr/include/doctest/doctest.h ]] || { say "doctest.h is missing"; exit 1; }
-say "ready. Next: bazel run //lesson1_amp:demo   (or: bazel test --config=ci //...)"
+say "ready. Next: bazel run //:tour   (or: bazel test --config=ci //...)"

@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""Generates the docs site's pages (Doxygen markdown) and plots from the lessons and one run of their demos.
+
+Run by //docs:pages (docs/site.bzl); every input is given on the command line:
+
+  gen_pages.py --lessons lessons.json --csv DIR --mainpage docs/mainpage.md --plots docs/plots
+               [--recorded docs/results/x.csv ...] --out DIR
+
+Writes into --out:
+  mainpage.md                 docs/mainpage.md with the lesson table of lessons.json in place of @LESSON_TABLE@
+  <lesson dir>/README.md      each ready lesson's README with: previous/next links; after every step its checks and
+                              a link to one answer; at the end the demo (its code, its plots, its tables from the
+                              run), the checks by step and the reference solution's snippets
+  results.md                  the summary of every demo run here (CPU) and the recorded GPU results
+  images/*.png                the plots (gnuplot, docs/plots/lessonN.gp)
+"""
+import argparse
+import csv
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+
+STEP_HEADING = re.compile(r"^## Step (\d+)\b(.*?)(\{#([\w-]+)\})?\s*$")
+SNIPPET = re.compile(r"^\s*\\snippet\s+(\S+)\s+(\S+)\s*$")
+TEST_CASE = re.compile(r'^\s*(GPU_)?TEST_CASE\s*\(\s*"(\[step(\d+)\][^"]*)"')
+TAG = re.compile(r"^\s*// \[([\w-]+)\]\s*$")
+QUOTED_SPAN = re.compile(r"(?<!`)`([^`\n]*'[^`\n]*)`(?!`)")
+MAX_TABLE_ROWS = 24
+
+
+def die(message):
+    print("gen_pages: " + message, file=sys.stderr)
+    sys.exit(1)
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def read_csv(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [row for row in csv.reader(line for line in f if not line.startswith("#"))]
+    return (rows[0], rows[1:]) if rows else ([], [])
+
+
+def cell(text):
+    """Text for an HTML table cell in a Doxygen page: HTML-escaped, Doxygen's command characters escaped."""
+    text = html.escape(text, quote=False)
+    return text.replace("\\", "\\\\").replace("@", "\\@").replace("#", "\\#")
+
+
+def html_table(header, rows):
+    out = ["<table class=\"doxtable\">", "<tr>" + "".join("<th>%s</th>" % cell(h) for h in header) + "</tr>"]
+    for row in rows:
+        out.append("<tr>" + "".join("<td>%s</td>" % cell(c) for c in row) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def number(text):
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+        return "%.3g" % value
+    return "%.4g" % value
+
+
+def summary_table(header, rows):
+    """The tour's table: lesson, measure, baseline, improved, ratio (baseline / improved), device."""
+    index = {name: i for i, name in enumerate(header)}
+    need = ["lesson", "measure", "baseline", "improved", "ratio", "device"]
+    missing = [n for n in need if n not in index]
+    if missing:
+        die("summary table lacks columns %s (has %s)" % (missing, header))
+    shown = [[row[index["lesson"]], row[index["measure"]], number(row[index["baseline"]]),
+              number(row[index["improved"]]), number(row[index["ratio"]]) + "×", row[index["device"]]] for row in rows]
+    return html_table(["lesson", "what was measured", "baseline", "improved", "ratio (baseline / improved)", "device"],
+                      shown)
+
+
+def plots(lesson, plots_dir, csv_dir, images_dir):
+    """Runs docs/plots/lessonN.gp if it exists; returns [(png name, caption)] from its `# plot:` lines."""
+    script = os.path.join(plots_dir, "lesson%d.gp" % lesson["number"])
+    if not os.path.exists(script):
+        return []
+    declared = []
+    for line in read(script).splitlines():
+        m = re.match(r"^# plot: (\S+\.png): (.+)$", line)
+        if m:
+            declared.append((m.group(1), m.group(2)))
+    command = ["gnuplot", "-e", "csv_dir='%s'; out_dir='%s'" % (csv_dir, images_dir), script]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        die("%s failed:\n%s%s" % (script, result.stdout, result.stderr))
+    for name, _ in declared:
+        path = os.path.join(images_dir, name)
+        if not os.path.exists(path) or os.path.getsize(path) == 0:
+            die("%s declares %s but did not write it" % (script, name))
+    return declared
+
+
+def test_cases(lesson):
+    """{step: [(name, file, line)]} from the TEST_CASE lines of the lesson's *_test.cc files."""
+    cases = {}
+    folder = lesson["dir"]
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith("_test.cc"):
+            continue
+        path = os.path.join(folder, name)
+        for number_, line in enumerate(read(path).splitlines(), 1):
+            m = TEST_CASE.match(line)
+            if m:
+                name = m.group(2) + (" — GPU only" if m.group(1) else "")
+                cases.setdefault(int(m.group(3)), []).append((name, path, number_))
+    return cases
+
+
+def tags(path):
+    if not os.path.exists(path):
+        return []
+    found = []
+    for line in read(path).splitlines():
+        m = TAG.match(line)
+        if m and m.group(1) not in found:
+            found.append(m.group(1))
+    return found
+
+
+def lesson_ref(lesson, arrow_left):
+    label = "Lesson %d — %s" % (lesson["number"], lesson["title"])
+    if not lesson["ready"]:
+        return "%s (coming)" % label
+    return "\\ref lesson%d \"%s%s%s\"" % (lesson["number"], "← " if arrow_left else "", label,
+                                          "" if arrow_left else " →")
+
+
+def navigation(lessons, i):
+    parts = []
+    if i > 0:
+        parts.append("Previous: " + lesson_ref(lessons[i - 1], True))
+    parts.append("\\ref mainpage \"All lessons\"")
+    parts.append("\\ref results \"Results\"")
+    if i + 1 < len(lessons):
+        parts.append("Next: " + lesson_ref(lessons[i + 1], False))
+    return " · ".join(parts)
+
+
+def process_lesson(lessons, i, csv_dir, images, summary):
+    lesson = lessons[i]
+    n, folder = lesson["number"], lesson["dir"]
+    solution_dir = os.path.join("solutions", folder)
+    lines = read(os.path.join(folder, "README.md")).splitlines()
+    if not lines or "{#lesson%d}" % n not in lines[0]:
+        die("%s/README.md must start with '# Lesson %d — ... {#lesson%d}'" % (folder, n, n))
+    cases = test_cases(lesson)
+    nav = navigation(lessons, i)
+
+    out = [lines[0], "", nav, ""]
+    answers = []  # (step, file, tag)
+    step = None
+    fenced = False
+
+    def close_step():
+        if step is None:
+            return
+        k = step
+        count = len(cases.get(k, []))
+        text = ("<b>Checks of step %d:</b> \\ref lesson%d_checks_step%d \"%d check%s\" — "
+                "``bazel test //%s:all --test_arg=--test-case='*step%d*'``"
+                % (k, n, k, count, "" if count == 1 else "s", folder, k))
+        mine = [(f, t) for (s, f, t) in answers if s == k]
+        if mine:
+            text += ". One answer: " + ", ".join("\\ref lesson%d_answer_%s \"%s\"" % (n, t, t) for _, t in mine)
+        out.extend(["", text + ".", ""])
+
+    generated_at = None
+    for line in lines[1:]:
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if not fenced and line.startswith("## "):
+            close_step()
+            step = None
+            m = STEP_HEADING.match(line)
+            if m:
+                step = int(m.group(1))
+                if not m.group(4):
+                    line = line.rstrip() + " {#lesson%d_step%d}" % (n, step)
+            elif line.startswith("## Next") and generated_at is None:
+                generated_at = len(out)
+        if not fenced and step is not None:
+            m = SNIPPET.match(line)
+            if m and m.group(1).startswith(folder + "/"):
+                answer = os.path.join(solution_dir, os.path.basename(m.group(1)))
+                if m.group(2) in tags(answer) and not any(t == m.group(2) for _, _, t in answers):
+                    answers.append((step, answer, m.group(2)))
+        if not fenced and not line.startswith("    "):
+            # Doxygen 1.9 ends a `code span` at a "'" (it reads `...' as quotes); ``code span`` is safe.
+            line = QUOTED_SPAN.sub(r"``\1``", line)
+        out.append(line)
+    close_step()
+
+    extra = [""]
+    # The demo: what it shows (its code), measured here (plots and tables).
+    extra += ["## What the demo shows {#lesson%d_demo}" % n, "",
+              "The docs build ran `bazel run //%s:demo -- --quick --device=cpu --csv_dir=DIR` (the reference "
+              "solution, small CPU settings) and drew these from its CSV files. \\ref results \"Results\" has every "
+              "lesson's numbers side by side, and recorded GPU runs." % folder, ""]
+    for name, caption in images.get(n, []):
+        extra += ["\\image html %s \"%s\"" % (name, caption.replace('"', "'")), ""]
+    rows = [r for r in summary[1] if r and r[0].startswith("%d " % n)]
+    if rows:
+        extra += ["The headline numbers of this run:", "", summary_table(summary[0], rows), ""]
+    for path in sorted(os.listdir(csv_dir)):
+        if path.startswith("lesson%d_" % n) and path.endswith(".csv"):
+            header, body = read_csv(os.path.join(csv_dir, path))
+            if 0 < len(body) <= MAX_TABLE_ROWS:
+                extra += ["<b>%s</b> (%s):" % (cell(path), "all rows"), "", html_table(header, body), ""]
+            elif body:
+                extra += ["<b>%s</b>: %d rows (in the plots above)." % (cell(path), len(body)), ""]
+    demo_tags = tags(os.path.join(folder, "demo.cc"))
+    if demo_tags:
+        extra += ["How the demo measures it (%s/demo.cc):" % folder, ""]
+        for tag in demo_tags:
+            extra += ["\\snippet %s/demo.cc %s" % (folder, tag), ""]
+
+    extra += ["## The checks, step by step {#lesson%d_checks}" % n, "",
+              "Every check is a doctest case in the lesson's `*_test.cc` files, named after the behaviour it proves. "
+              "`bazel run //:progress` runs them all and says which step to work on next.", ""]
+    for k in sorted(cases):
+        extra += ["### Step %d {#lesson%d_checks_step%d}" % (k, n, k), "",
+                  "Back to \\ref lesson%d_step%d \"step %d\". Run: ``bazel test //%s:all --test_arg=--test-case='*step%d*'``"
+                  % (n, k, k, folder, k), ""]
+        for name, path, line_no in cases[k]:
+            # <tt>, not a code span: Doxygen reads "a::b" in a code span as a link request.
+            extra.append("- <tt>%s</tt> (%s:%d)" % (cell(name).replace("::", "\\::"), path, line_no))
+        extra.append("")
+
+    if answers:
+        extra += ["## One answer {#lesson%d_answers}" % n, "",
+                  "The reference solution in `%s/`, which the same checks run against "
+                  "(`bazel test //%s:all`). Try the step yourself first: the checks and hints are there for that."
+                  % (solution_dir, solution_dir), ""]
+        for k, path, tag in answers:
+            extra += ["### Step %d: %s {#lesson%d_answer_%s}" % (k, tag, n, tag), "",
+                      "\\snippet %s %s" % (path, tag), ""]
+    extra += ["", nav, ""]
+
+    if generated_at is None:
+        out += extra
+    else:
+        out = out[:generated_at] + extra + out[generated_at:]
+    return "\n".join(out) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lessons", required=True)
+    parser.add_argument("--csv", required=True)
+    parser.add_argument("--mainpage", required=True)
+    parser.add_argument("--plots", required=True)
+    parser.add_argument("--recorded", action="append", default=[])
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    lessons = json.loads(read(args.lessons))
+    ready = [l for l in lessons if l["ready"]]
+    images_dir = os.path.join(args.out, "images")
+    os.makedirs(images_dir, exist_ok=True)
+    csv_dir = os.path.abspath(args.csv)
+
+    summary_path = os.path.join(csv_dir, "summary.csv")
+    if not os.path.exists(summary_path):
+        die("the demos wrote no summary.csv into %s" % csv_dir)
+    summary = read_csv(summary_path)
+
+    images = {l["number"]: plots(l, args.plots, csv_dir, os.path.abspath(images_dir)) for l in ready}
+
+    # The main page: the course table.
+    table = ["| lesson | you learn | you need |", "|--------|-----------|----------|"]
+    for l in lessons:
+        name = "%d. %s" % (l["number"], l["title"])
+        link = "\\ref lesson%d \"%s\"" % (l["number"], name) if l["ready"] else name + " (coming)"
+        table.append("| %s | %s | %s |" % (link, l["learn"], l["need"]))
+    mainpage = read(args.mainpage)
+    if "@LESSON_TABLE@" not in mainpage:
+        die("%s has no @LESSON_TABLE@ line" % args.mainpage)
+    write(os.path.join(args.out, "mainpage.md"), mainpage.replace("@LESSON_TABLE@", "\n".join(table)))
+
+    for i, lesson in enumerate(lessons):
+        if lesson["ready"]:
+            write(os.path.join(args.out, lesson["dir"], "README.md"), process_lesson(lessons, i, csv_dir, images, summary))
+
+    # The results page.
+    devices = sorted({row[-1] for row in summary[1] if row})
+    page = ["# Results {#results}", "", "[TOC]", "",
+            "Every number on this page comes from a real run of the lessons' demos on their reference solutions; "
+            "nothing is typed in by hand. The first table is measured while this site is built, on the build "
+            "machine's CPU with the demos' small `--quick` settings; the recorded runs below it were made on GPUs "
+            "with `bazel run //:tour` and committed to `docs/results/`.", "",
+            "## This build: CPU, quick settings {#results_cpu}", "",
+            "<b>Device:</b> %s (CPU). <b>Command:</b> each lesson's `bazel run //lessonN_x:demo -- --quick "
+            "--device=cpu --csv_dir=DIR`, as `bazel run //:tour -- --quick --device=cpu` runs them. Bytes and counts are "
+            "the same on every run; times come from a small, possibly shared machine and move from run to run."
+            % cell(", ".join(devices) or "unknown"), "",
+            summary_table(*summary), ""]
+    for lesson in ready:
+        n = lesson["number"]
+        page += ["### Lesson %d — %s {#results_lesson%d}" % (n, lesson["title"], n), "",
+                 "Details on the lesson page: \\ref lesson%d_demo \"what the demo shows\"." % n, ""]
+        for name, caption in images.get(n, []):
+            page += ["\\image html %s \"%s\"" % (name, caption.replace('"', "'")), ""]
+    page += ["## Recorded GPU results {#results_gpu}", ""]
+    if not args.recorded:
+        page += ["<b>No GPU run has been recorded yet.</b> On a machine with an NVIDIA GPU and a CUDA LibTorch "
+                 "(see the README), run", "",
+                 "    bazel run //:tour -- --device=cuda --record=docs/results/$(date +%F)-<gpu>.csv", "",
+                 "and commit the file: it holds the tour's table with the device, the date and the command, and "
+                 "appears here beside the CPU numbers.", ""]
+    for path in sorted(args.recorded):
+        meta = {}
+        for line in read(path).splitlines():
+            m = re.match(r"^#\s*(\w+):\s*(.*)$", line)
+            if m:
+                meta[m.group(1)] = m.group(2)
+        for key in ("device", "date", "command"):
+            if key not in meta:
+                die("%s lacks its '# %s: ...' line" % (path, key))
+        header, rows = read_csv(path)
+        page += ["### %s, %s {#results_gpu_%s}" % (cell(meta["device"]), cell(meta["date"]),
+                                                   re.sub(r"\W", "_", os.path.basename(path))), "",
+                 "<b>GPU run, recorded.</b> Device: %s. Date: %s. Command: `%s`. File: `%s`."
+                 % (cell(meta["device"]), cell(meta["date"]), meta["command"].replace("`", "'"),
+                    os.path.basename(path)), "",
+                 summary_table(header, rows), ""]
+    write(os.path.join(args.out, "results.md"), "\n".join(page) + "\n")
+
+
+if __name__ == "__main__":
+    main()

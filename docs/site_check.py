@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Checks the built docs site (//docs:site_test).
+
+  site_check.py SITE_DIR PAGES_DIR LESSONS_JSON      (run from the runfiles root: the sources are there)
+
+- the main page, the results page, the quick start and every ready lesson's page exist;
+- every internal link (href/src) of every HTML file points at a file of the site, and its #anchor exists there;
+- every image is a non-empty file, and every plot a page asks for (\\image) is on that page;
+- every \\snippet of a lesson page is on the built page, character for character (whitespace aside);
+- every lesson page links to the previous and next ready lessons, the results page, and each step to its checks.
+Prints "N passed, M failed" and exits non-zero on any failure.
+"""
+import html
+import html.parser
+import json
+import os
+import re
+import sys
+
+SNIPPET = re.compile(r"^\s*\\snippet\s+(\S+)\s+(\S+)\s*$", re.M)
+IMAGE = re.compile(r"^\s*\\image\s+html\s+(\S+)", re.M)
+STEP = re.compile(r"^## Step (\d+)\b", re.M)
+
+
+class Page(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.ids, self.links, self.images, self.text = set(), [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        for key in ("id", "name"):
+            if attrs.get(key):
+                self.ids.add(attrs[key])
+        for key in ("href", "src"):
+            if attrs.get(key):
+                self.links.append(attrs[key])
+        if tag == "img" and attrs.get("src"):
+            self.images.append(attrs["src"])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(path):
+    page = Page()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        page.feed(f.read())
+    page.flat = " ".join(" ".join(page.text).split())
+    page.dense = "".join(page.flat.split())  # Doxygen's code listings space tokens their own way
+    return page
+
+
+def snippet_text(path, tag):
+    lines, inside = [], False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip() == "// [%s]" % tag:
+                if inside:
+                    return "\n".join(lines)
+                inside = True
+            elif inside:
+                lines.append(line.rstrip("\n"))
+    return None
+
+
+def main():
+    site, pages_dir, lessons_json = sys.argv[1:4]
+    lessons = json.load(open(lessons_json))
+    ready = [l for l in lessons if l["ready"]]
+    checks = {"passed": 0, "failed": 0}
+
+    def check(ok, message):
+        checks["passed" if ok else "failed"] += 1
+        if not ok:
+            print("FAIL: " + message)
+
+    required = ["index.html", "results.html", "md_README.html"] + ["lesson%d.html" % l["number"] for l in ready]
+    for name in required:
+        check(os.path.isfile(os.path.join(site, name)), "missing page " + name)
+
+    pages = {}
+    for root, _, files in os.walk(site):
+        for name in files:
+            if name.endswith(".html"):
+                path = os.path.join(root, name)
+                pages[os.path.relpath(path, site)] = parse(path)
+
+    broken = []
+    for name, page in sorted(pages.items()):
+        for link in page.links:
+            if re.match(r"^(https?:|mailto:|javascript:|data:)", link) or link.startswith("//"):
+                continue
+            target, _, anchor = link.partition("#")
+            target_rel = os.path.normpath(os.path.join(os.path.dirname(name), target)) if target else name
+            target_path = os.path.join(site, target_rel)
+            if not os.path.isfile(target_path):
+                broken.append("%s: link to missing file %s" % (name, link))
+            elif anchor and target_rel.endswith(".html") and anchor not in pages[target_rel].ids:
+                # Doxygen 1.9.4 lists "Classes" in a class's summary bar even when its only nested class is
+                # private (and not documented): the one dead in-page link it makes on its own.
+                if not target and anchor == "nested-classes":
+                    continue
+                broken.append("%s: link to missing anchor %s" % (name, link))
+        for image in page.images:
+            path = os.path.join(site, os.path.dirname(name), image)
+            if os.path.isfile(path) and os.path.getsize(path) == 0:
+                broken.append("%s: empty image %s" % (name, image))
+    for problem in broken:
+        print("FAIL: " + problem)
+    checks["failed" if broken else "passed"] += 1
+    print("checked %d links and %d images in %d pages" % (sum(len(p.links) for p in pages.values()),
+                                                          sum(len(p.images) for p in pages.values()), len(pages)))
+
+    results = pages.get("results.html")
+    for i, lesson in enumerate(lessons):
+        if not lesson["ready"]:
+            continue
+        n = lesson["number"]
+        page = pages.get("lesson%d.html" % n)
+        source = open(os.path.join(pages_dir, lesson["dir"], "README.md"), encoding="utf-8").read()
+        if page is None:
+            continue
+        snippets = SNIPPET.findall(source)
+        check(len(snippets) > 0, "lesson%d.html: its page has no \\snippet" % n)
+        for path, tag in snippets:
+            text = snippet_text(path, tag)
+            check(text is not None, "%s has no snippet [%s]" % (path, tag))
+            if text is not None:
+                dense = "".join(text.split())
+                check(dense in page.dense, "lesson%d.html lacks the snippet %s [%s]" % (n, path, tag))
+        images = IMAGE.findall(source)
+        check(len(images) > 0, "lesson%d.html has no plot" % n)
+        for image in images:
+            check(image in page.images, "lesson%d.html does not show %s" % (n, image))
+            if results is not None:
+                check(image in results.images, "results.html does not show %s" % image)
+        hrefs = " ".join(page.links)
+        for other in (lessons[i - 1] if i > 0 else None, lessons[i + 1] if i + 1 < len(lessons) else None):
+            if other and other["ready"]:
+                check("lesson%d.html" % other["number"] in hrefs,
+                      "lesson%d.html does not link to lesson %d" % (n, other["number"]))
+        check("results.html" in hrefs, "lesson%d.html does not link to the results page" % n)
+        steps = sorted(set(int(k) for k in STEP.findall(source)))
+        check(len(steps) > 0, "lesson%d has no steps" % n)
+        for k in steps:
+            check("#lesson%d_checks_step%d" % (n, k) in hrefs, "lesson%d.html: step %d does not link to its checks" % (n, k))
+            check("#lesson%d_step%d" % (n, k) in hrefs, "lesson%d.html: the checks of step %d do not link back" % (n, k))
+    index = pages.get("index.html")
+    if index is not None:
+        for lesson in ready:
+            check("lesson%d.html" % lesson["number"] in " ".join(index.links),
+                  "the main page does not link to lesson %d" % lesson["number"])
+    if results is not None:
+        check("Recorded GPU results" in results.flat, "results.html has no 'Recorded GPU results' section")
+
+    print("%d passed, %d failed" % (checks["passed"], checks["failed"]))
+    sys.exit(1 if checks["failed"] else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Your progress through the workshop: runs each lesson's checks against YOUR code and says what is next.
+
+  bazel run //:progress                 # every lesson
+  bazel run //:progress -- --lesson=2   # one lesson
+
+Per lesson and step: passed / failing (GPU-only checks count as skipped on a machine without CUDA). For the first
+failing step: where its TODO is (file:line), the first failing check and its message, and the hint for that step
+from the lesson page's "Hints" section. A lesson whose code does not compile is reported with the compiler's
+first errors; the other lessons are still checked.
+
+Under `bazel run` it builds each lesson's checks with `bazel build` in your workspace (one lesson at a time, so
+one broken lesson does not stop the others) and runs the test binaries itself. The maintainers' test gives
+--binaries (prebuilt test binaries) instead.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+
+COMPILER_ERROR = re.compile(r"^([^\s:]+\.(?:cc|h|cpp|hpp)):(\d+):(?:(\d+):)? (?:fatal )?error: (.*)$")
+STEP_HEADING = re.compile(r"^## Step (\d+)\s*[—-]?\s*(.*?)\s*(\{#[\w-]+\})?\s*$")
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def with_heartbeat(message, function):
+    """Runs function(); prints `message ... N s` every 15 s while it runs."""
+    done, start = threading.Event(), time.time()
+
+    def beat():
+        while not done.wait(15):
+            print("    ... %s, %.0f s" % (message, time.time() - start), flush=True)
+
+    threading.Thread(target=beat, daemon=True).start()
+    try:
+        return function()
+    finally:
+        done.set()
+
+
+def build(bazel, root, lesson):
+    """Builds the lesson's checks; returns (ok, [compiler error lines], bazel's output tail)."""
+    targets = ["//%s:%s" % (lesson["dir"], t) for t in lesson["tests"]]
+    print("  building %s ..." % " ".join(targets), flush=True)
+    result = with_heartbeat("building lesson %d" % lesson["number"], lambda: subprocess.run(
+        [bazel, "build", "--keep_going", "--color=no", "--curses=no"] + targets, cwd=root,
+        capture_output=True, text=True))
+    output = result.stdout + result.stderr
+    errors = []
+    for line in output.splitlines():
+        m = COMPILER_ERROR.match(line.strip())
+        if m and line.strip() not in errors:
+            errors.append(line.strip())
+    return result.returncode == 0, errors, output.strip().splitlines()[-8:]
+
+
+def bazel_bin(bazel, root):
+    result = subprocess.run([bazel, "info", "bazel-bin"], cwd=root, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit("progress: `bazel info bazel-bin` failed:\n" + result.stderr)
+    return result.stdout.strip()
+
+
+def run_checks(binary, root):
+    """[(name, outcome, where, message)] for each test case of a doctest binary."""
+    env = dict(os.environ)
+    env.setdefault("TEST_TMPDIR", tempfile.mkdtemp(prefix="progress-"))
+    try:
+        result = subprocess.run([binary, "--reporters=xml", "--no-version"], cwd=root, capture_output=True,
+                                text=True, timeout=1800, env=env)
+    except subprocess.TimeoutExpired:
+        return None, "%s did not finish within 30 minutes" % binary
+    text = result.stdout
+    try:
+        tree = ET.fromstring(text[text.index("<?xml"):] if "<?xml" in text else text)
+    except (ET.ParseError, ValueError):
+        tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+        return None, "%s crashed (exit %d): %s" % (os.path.basename(binary), result.returncode, " / ".join(tail))
+    cases = []
+    for case in tree.iter("TestCase"):
+        name = case.get("name")
+        where = "%s:%s" % (case.get("filename"), case.get("line"))
+        if case.get("skipped") == "true":
+            cases.append((name, "skipped", where, ""))
+            continue
+        overall = case.find("OverallResultsAsserts")
+        ok = overall is not None and overall.get("test_case_success") == "true"
+        message = ""
+        if not ok:
+            for node in case.iter():
+                if node.tag == "Expression" and node.get("success") == "false":
+                    where = "%s:%s" % (node.get("filename"), node.get("line"))
+                    exception = node.find("Exception")
+                    expanded = node.find("Expanded")
+                    original = node.find("Original")
+                    detail = exception if exception is not None else (expanded if expanded is not None else original)
+                    message = " ".join((detail.text or "").split()) if detail is not None else ""
+                    break
+                if node.tag == "Exception":
+                    message = "threw: " + " ".join((node.text or "").split())
+                    break
+        cases.append((name, "passed" if ok else "failed", where, message))
+    return cases, None
+
+
+def steps_of(lesson, root):
+    steps = {}
+    for line in read(os.path.join(root, lesson["dir"], "README.md")).splitlines():
+        m = STEP_HEADING.match(line)
+        if m:
+            steps[int(m.group(1))] = m.group(2)
+    return steps
+
+
+def todos(lesson, root, step):
+    """[(file:line, text)] of the TODO(lessonN, step K) markers in the learner's files."""
+    found = []
+    marker = "TODO(lesson%d, step %d)" % (lesson["number"], step)
+    folder = os.path.join(root, lesson["dir"])
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith((".cc", ".h")) or name.endswith("_test.cc") or name == "demo.cc":
+            continue
+        for number, line in enumerate(read(os.path.join(folder, name)).splitlines(), 1):
+            if marker in line and line.strip().startswith("//"):  # the comment, not the TORCH_CHECK
+                found.append(("%s/%s:%d" % (lesson["dir"], name, number), line.strip().lstrip("/ ")))
+    return found
+
+
+def hints(lesson, root, step):
+    """The bullets starting '- Step K:' of the README's Hints section (with their continuation lines)."""
+    lines = read(os.path.join(root, lesson["dir"], "README.md")).splitlines()
+    out, inside, current = [], False, None
+    for line in lines:
+        if line.startswith("## "):
+            inside = line.startswith("## Hints")
+            continue
+        if not inside:
+            continue
+        m = re.match(r"^- Step (\d+):\s*(.*)$", line)
+        if m:
+            current = int(m.group(1)) == step
+            if current:
+                out.append(m.group(2))
+        elif line.startswith("- "):
+            current = False
+        elif current and line.strip():
+            out[-1] += " " + line.strip()
+    return out
+
+
+def report(lesson, root, binaries):
+    n = lesson["number"]
+    steps = steps_of(lesson, root)
+    cases, problems = [], []
+    for test in lesson["tests"]:
+        path = os.path.join(binaries, lesson["dir"], test)
+        if not os.path.exists(path):
+            problems.append("%s was not built" % test)
+            continue
+        result, problem = with_heartbeat("running %s" % test, lambda: run_checks(path, root))
+        if problem:
+            problems.append(problem)
+        else:
+            cases += result
+    by_step = {k: [] for k in steps}
+    for case in cases:
+        m = re.match(r"^\[step(\d+)\]", case[0])
+        by_step.setdefault(int(m.group(1)) if m else 0, []).append(case)
+    first_failing = None
+    for k in sorted(by_step):
+        mine = by_step[k]
+        passed = sum(1 for c in mine if c[1] == "passed")
+        failed = sum(1 for c in mine if c[1] == "failed")
+        skipped = sum(1 for c in mine if c[1] == "skipped")
+        if failed:
+            status = "failing"
+            if first_failing is None:
+                first_failing = k
+        elif passed:
+            status = "passed"
+        else:
+            status = "no checks ran"
+        title = steps.get(k, "checks without a step tag" if k == 0 else "")
+        print("  step %-2d %-8s %2d/%-2d checks pass%s   %s" % (
+            k, status, passed, passed + failed, ", %d skipped (GPU)" % skipped if skipped else "", title))
+    for problem in problems:
+        print("  problem: " + problem)
+    if first_failing is None:
+        if problems:
+            return "lesson %d: could not run every check" % n
+        print("  all %d steps pass. Run your demo: bazel run //%s:my_demo -- --quick" % (len(steps), lesson["dir"]))
+        return "lesson %d: done" % n
+    k = first_failing
+    print("  next: step %d — %s" % (k, steps.get(k, "")))
+    markers = todos(lesson, root, k)
+    if markers:
+        print("    TODO at %s" % markers[0][0])
+        print("      %s" % markers[0][1])
+        if len(markers) > 1:
+            print("    (%d more TODO(lesson%d, step %d) markers: %s)" % (
+                len(markers) - 1, n, k, ", ".join(m[0] for m in markers[1:])))
+    else:
+        print("    no TODO(lesson%d, step %d) left; the checks still fail:" % (n, k))
+    failing = [c for c in by_step[k] if c[1] == "failed"]
+    name, _, where, message = failing[0]
+    print("    first failing check: %s (%s)" % (name, where))
+    if message:
+        print("      %s" % message[:300])
+    for hint in hints(lesson, root, k):
+        print("    hint: %s" % hint)
+    print("    checks of this step: bazel test //%s:all --test_arg=--test-case='*step%d*'" % (lesson["dir"], k))
+    return "lesson %d: step %d of %d next" % (n, k, len(steps))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lessons", required=True, help=argparse.SUPPRESS)
+    parser.add_argument("--lesson", type=int, help="only this lesson")
+    parser.add_argument("--root", help="the workspace (default: where `bazel run` was started from)")
+    parser.add_argument("--bazel", default=os.environ.get("BAZEL", "bazel"), help="the bazel to build with")
+    parser.add_argument("--binaries", help="prebuilt test binaries under DIR/<lesson dir>/<test> (no build)")
+    args = parser.parse_args()
+
+    lessons = [l for l in json.load(open(args.lessons)) if l["ready"]]
+    if args.lesson is not None:
+        lessons = [l for l in lessons if l["number"] == args.lesson]
+        if not lessons:
+            sys.exit("progress: no ready lesson %d (tools/lessons.bzl)" % args.lesson)
+    root = os.path.abspath(args.root or os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd())
+    binaries = os.path.abspath(args.binaries) if args.binaries else None
+
+    print("Your progress (checks against YOUR code in %s)\n" % root, flush=True)
+    verdicts = []
+    for lesson in lessons:
+        print("Lesson %d — %s (%s/)" % (lesson["number"], lesson["title"], lesson["dir"]), flush=True)
+        if binaries is None:
+            ok, errors, tail = build(args.bazel, root, lesson)
+            if not ok:
+                print("  does not compile yet:")
+                for line in (errors[:5] or tail):
+                    print("    " + line)
+                print("  fix the first error, then run this again (bazel build //%s:all shows everything)"
+                      % lesson["dir"])
+                verdicts.append("lesson %d: does not compile" % lesson["number"])
+                print(flush=True)
+                continue
+            binaries_here = bazel_bin(args.bazel, root)
+        else:
+            binaries_here = binaries
+        verdicts.append(report(lesson, root, binaries_here))
+        print(flush=True)
+    print("Summary: " + "; ".join(verdicts))
+
+
+if __name__ == "__main__":
+    main()

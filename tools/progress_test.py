@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Checks //:progress (tools/progress.py) from the runfiles, where the lessons are the pristine skeletons.
+
+  progress_test.py PROGRESS_PY LESSONS_JSON
+
+1. With the prebuilt learner test binaries: every ready lesson reports step 1 as the next step, with the file:line
+   of a TODO(lessonN, step 1) marker, the first failing check and a hint from the lesson page.
+2. With a stand-in `bazel` whose build of the last lesson fails with a compiler error: that lesson is reported as
+   not compiling (with the error's file:line), the others are still checked, and the tool exits 0.
+"""
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+
+progress, lessons_json = sys.argv[1:3]
+lessons = [l for l in json.load(open(lessons_json)) if l["ready"]]
+root = os.getcwd()  # the runfiles root: lesson sources and test binaries
+failures = []
+
+
+def check(ok, message):
+    if not ok:
+        failures.append(message)
+        print("FAIL: " + message)
+
+
+def blocks(output):
+    """{lesson number: its part of the report}."""
+    parts = re.split(r"^Lesson (\d+) — ", output, flags=re.M)
+    return {int(parts[i]): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def run(args):
+    result = subprocess.run([sys.executable, progress, "--lessons", lessons_json, "--root", root] + args,
+                            capture_output=True, text=True, timeout=3000)
+    print(result.stdout)
+    print(result.stderr, file=sys.stderr)
+    check(result.returncode == 0, "progress exited %d" % result.returncode)
+    return result.stdout
+
+
+# 1. The pristine skeletons.
+report = blocks(run(["--binaries", root]))
+for lesson in lessons:
+    n, block = lesson["number"], report.get(lesson["number"], "")
+    check(bool(block), "no report for lesson %d" % n)
+    check(re.search(r"^  step 1 +failing", block, re.M) is not None, "lesson %d: step 1 is not failing" % n)
+    check("  next: step 1 " in block, "lesson %d: the next step is not step 1" % n)
+    check(re.search(r"TODO at %s/\w+\.cc:\d+" % lesson["dir"], block) is not None,
+          "lesson %d: no file:line of the step 1 TODO" % n)
+    check("TODO(lesson%d, step 1)" % n in block, "lesson %d: the TODO's text is missing" % n)
+    check("first failing check: [step1]" in block, "lesson %d: no first failing check of step 1" % n)
+    check("    hint: " in block, "lesson %d: no hint for step 1" % n)
+    check("Summary: " in report.get(lessons[-1]["number"], ""), "no summary line")
+
+# 2. A lesson that does not compile.
+broken = lessons[-1]
+fake = os.path.join(os.environ.get("TEST_TMPDIR", tempfile.mkdtemp()), "fake_bazel.sh")
+with open(fake, "w") as f:
+    f.write("""#!/bin/sh
+if [ "$1" = info ]; then echo "%(root)s"; exit 0; fi
+case "$*" in
+  *//%(dir)s:*) echo "ERROR: %(dir)s/BUILD:1:1: Compiling %(dir)s/broken.cc failed" >&2
+                echo "%(dir)s/broken.cc:12:5: error: expected ';' before '}' token" >&2
+                echo "FAILED: Build did NOT complete successfully" >&2; exit 1;;
+esac
+exit 0
+""" % {"root": root, "dir": broken["dir"]})
+os.chmod(fake, os.stat(fake).st_mode | stat.S_IEXEC)
+output = run(["--bazel", fake])
+report = blocks(output)
+check("does not compile" in report.get(broken["number"], ""), "lesson %d: not reported as not compiling" % broken["number"])
+check("%s/broken.cc:12:5: error: expected ';'" % broken["dir"] in report.get(broken["number"], ""),
+      "lesson %d: the compiler's error is not shown" % broken["number"])
+for lesson in lessons[:-1]:
+    check("  next: step 1 " in report.get(lesson["number"], ""),
+          "lesson %d is not checked when lesson %d does not compile" % (lesson["number"], broken["number"]))
+check("lesson %d: does not compile" % broken["number"] in output, "the summary does not say it")
+
+print("%d passed, %d failed" % (0 if failures else 1, len(failures)))
+sys.exit(1 if failures else 0)
