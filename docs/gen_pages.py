@@ -27,7 +27,17 @@ STEP_HEADING = re.compile(r"^## Step (\d+)\b(.*?)(\{#([\w-]+)\})?\s*$")
 SNIPPET = re.compile(r"^\s*\\snippet\s+(\S+)\s+(\S+)\s*$")
 TEST_CASE = re.compile(r'^\s*(GPU_)?TEST_CASE\s*\(\s*"(\[step(\d+)\][^"]*)"')
 TAG = re.compile(r"^\s*// \[([\w-]+)\]\s*$")
-QUOTED_SPAN = re.compile(r"(?<!`)`([^`\n]*'[^`\n]*)`(?!`)")
+CODE_SPAN = re.compile(r"``.+?``|`[^`]*`")  # code spans, found left to right so that backticks pair up
+
+
+def protect_quoted_spans(line):
+    """Rewrites `span with a '` as ``span with a '`` (Doxygen 1.9 ends a single-backtick span at a quote)."""
+    def fix(match):
+        span = match.group(0)
+        if span.startswith("``") or "'" not in span:
+            return span
+        return "``" + span[1:-1] + "``"
+    return CODE_SPAN.sub(fix, line)
 MAX_TABLE_ROWS = 24
 
 
@@ -207,7 +217,7 @@ def process_lesson(lessons, i, csv_dir, images, summary):
                     answers.append((step, answer, m.group(2)))
         if not fenced and not line.startswith("    "):
             # Doxygen 1.9 ends a `code span` at a "'" (it reads `...' as quotes); ``code span`` is safe.
-            line = QUOTED_SPAN.sub(r"``\1``", line)
+            line = protect_quoted_spans(line)
         out.append(line)
     close_step()
 
