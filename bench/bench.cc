@@ -9,6 +9,7 @@
 // (a Markdown table headed by device, LibTorch version, date and command), which docs/results/ keeps.
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -290,7 +291,9 @@ int main(int argc, char** argv) {
     ceilings.emit("");
     table.emit("");
 
-    const std::string out_dir = flags.get("out_dir", "");
+    std::string out_dir = flags.get("out_dir", "");
+    const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY");  // set by `bazel run`: where the user ran it
+    if (!out_dir.empty() && out_dir[0] != '/' && cwd != nullptr) out_dir = std::string(cwd) + "/" + out_dir;
     if (!out_dir.empty()) {
       const std::string kind = c.device.is_cuda() ? "cuda" : "cpu";
       workshop::Table csv("bench_" + kind, {"benchmark", "variant", "median_ms", "min_ms", "max_ms", "flops",

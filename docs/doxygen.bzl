@@ -42,10 +42,12 @@ def _site_pages_impl(ctx):
     args.add("--plots", ctx.file.plots_common.dirname)
     for f in ctx.files.recorded:
         args.add("--recorded", f)
+    for f in ctx.files.bench:
+        args.add("--bench", f)
     args.add("--out", out.path)
     ctx.actions.run_shell(
         outputs = [out],
-        inputs = ctx.files.srcs + ctx.files.plots + ctx.files.recorded +
+        inputs = ctx.files.srcs + ctx.files.plots + ctx.files.recorded + ctx.files.bench +
                  [ctx.file.generator, ctx.file.lessons, ctx.file.csv, ctx.file.mainpage, ctx.file.plots_common],
         command = "python3 \"$@\"",
         arguments = [args],
@@ -66,6 +68,7 @@ site_pages = rule(
         "plots_common": attr.label(allow_single_file = True, mandatory = True, doc = "docs/plots/common.gp"),
         "plots": attr.label_list(allow_files = [".gp"]),
         "recorded": attr.label_list(allow_files = [".csv"], doc = "recorded GPU runs (docs/results/*.csv)"),
+        "bench": attr.label_list(allow_files = [".md"], doc = "recorded //bench tables (docs/results/bench/*.md)"),
         "srcs": attr.label_list(allow_files = True, doc = "lesson READMEs, checks, demos, solutions"),
     },
 )

@@ -281,6 +281,7 @@ def main():
     parser.add_argument("--mainpage", required=True)
     parser.add_argument("--plots", required=True)
     parser.add_argument("--recorded", action="append", default=[])
+    parser.add_argument("--bench", action="append", default=[])
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -354,6 +355,18 @@ def main():
                  % (cell(meta["device"]), cell(meta["date"]), meta["command"].replace("`", "'"),
                     os.path.basename(path)), "",
                  summary_table(header, rows), ""]
+    page += ["## Benchmarks, side by side {#results_bench}", "",
+             "`bazel run //bench -- --out_dir=DIR` runs every lesson's baseline and improved variants in one "
+             "process, warmed up, repeated and synchronised, and measures the device's matmul and copy ceilings in "
+             "the same run, so that each speed is also a fraction of what the device can do. These tables were "
+             "recorded with it and committed to `docs/results/bench/`.", ""]
+    if not args.bench:
+        page += ["No benchmark run has been recorded yet.", ""]
+    for path in sorted(args.bench):
+        kind = "GPU" if "cuda" in os.path.basename(path) else "CPU"
+        text = read(path)
+        page += ["### %s run: %s {#results_bench_%s}" % (kind, os.path.basename(path),
+                                                        re.sub(r"\W", "_", os.path.basename(path))), "", text, ""]
     write(os.path.join(args.out, "results.md"), "\n".join(page) + "\n")
 
 
