@@ -42,3 +42,26 @@ def exercise_invariants_test(name, lesson, lesson_dir, tests):
             "//solutions/%s:sources" % lesson_dir,
         ] + binaries,
     )
+
+def lesson_demo(solution, exercise, deps = [], src = "demo.cc"):
+    """The lesson's demo twice: `demo` on the reference solution `solution`, and `my_demo` on the learner's
+    library `exercise` (tagged "exercise", like the learner's checks)."""
+    common = deps + [
+        "//common:device",
+        "//common:memory_meter",
+        "//common:report",
+        "@libtorch",
+    ]
+    native.cc_binary(
+        name = "demo",
+        srcs = [src],
+        copts = COPTS,
+        deps = [solution] + common,
+    )
+    native.cc_binary(
+        name = "my_demo",
+        srcs = [src],
+        copts = COPTS,
+        tags = ["exercise"],
+        deps = [exercise] + common,
+    )
