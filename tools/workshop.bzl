@@ -8,10 +8,11 @@ COPTS = [
     "-Werror=return-type",
 ]
 
-def lesson_test(name, src, impl, tags = []):
+def lesson_test(name, src, impl, tags = [], size = "small"):
     """A doctest check `name` built from `src` against the implementation library `impl`."""
     native.cc_test(
         name = name,
+        size = size,
         srcs = [src],
         copts = COPTS,
         tags = tags,
@@ -32,7 +33,7 @@ def exercise_invariants_test(name, lesson, lesson_dir, tests):
     binaries = ["//%s:%s" % (lesson_dir, t) for t in tests]
     native.sh_test(
         name = name,
-        size = "large",
+        size = "medium",
         srcs = ["//tests:run_python.sh"],
         args = ["$(rootpath //tests:maintainer_check.py)", "--lesson", str(lesson), lesson_dir,
                 "solutions/" + lesson_dir] + ["$(rootpath %s)" % b for b in binaries],
