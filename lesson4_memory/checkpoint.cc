@@ -107,18 +107,4 @@ std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at:
 }
 // [checkpoint]
 
-// [checkpoint_sequential]
-at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments, const at::Tensor& input) {
-  // TODO(lesson4, step 3): Reject an empty model ("no layers"), segments < 1 ("segments must be >= 1") and
-  // segments > model->size() ("more segments"). Split the layers: n / segments each, the first n % segments
-  // one more. For each segment a Segment lambda runs its layers ((model.ptr()->begin() + j)->forward(h)).
-  // Every segment but the last goes through checkpoint() with the parameters of its layers
-  // (model->ptr(j)->parameters()); the last runs plainly. Return the final output.
-  (void)model;
-  (void)segments;
-  (void)input;
-  TORCH_CHECK(false, "TODO(lesson4, step 3): checkpoint_sequential() is not implemented yet");
-}
-// [checkpoint_sequential]
-
 }  // namespace mem

@@ -11,9 +11,14 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <torch/nn/modules/container/sequential.h>
 
 #include "lesson1_amp/autocast.h"
+
+namespace torch {
+namespace nn {
+class Sequential;  // <torch/nn/modules/container/sequential.h>; declared only, its header is slow to compile
+}  // namespace nn
+}  // namespace torch
 
 namespace mem {
 

@@ -162,37 +162,4 @@ std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at:
 }
 // [checkpoint]
 
-// [checkpoint_sequential]
-at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments, const at::Tensor& input) {
-  const int64_t layers = static_cast<int64_t>(model->size());
-  TORCH_CHECK(layers > 0, "checkpoint_sequential: the model has no layers");
-  TORCH_CHECK(segments >= 1, "checkpoint_sequential: segments must be >= 1, got ", segments);
-  TORCH_CHECK(segments <= layers, "checkpoint_sequential: more segments (", segments, ") than layers (", layers,
-              ")");
-  const int64_t base = layers / segments;
-  const int64_t extra = layers % segments;
-  at::Tensor x = input;
-  int64_t begin = 0;
-  for (int64_t s = 0; s < segments; ++s) {
-    const int64_t end = begin + base + (s < extra ? 1 : 0);
-    auto run = [impl = model.ptr(), begin, end](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
-      at::Tensor h = in[0];
-      for (int64_t j = begin; j < end; ++j) h = (impl->begin() + j)->forward(h);
-      return {h};
-    };
-    if (s + 1 == segments) {
-      x = run({x})[0];  // the last segment's activations are needed right away by backward: keep them
-    } else {
-      std::vector<at::Tensor> params;
-      for (int64_t j = begin; j < end; ++j) {
-        for (const at::Tensor& p : model->ptr(j)->parameters()) params.push_back(p);
-      }
-      x = checkpoint(run, {x}, params)[0];
-    }
-    begin = end;
-  }
-  return x;
-}
-// [checkpoint_sequential]
-
 }  // namespace mem
