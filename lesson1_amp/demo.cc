@@ -20,8 +20,11 @@
 #include "common/report.h"
 #include "lesson1_amp/autocast.h"
 #include "lesson1_amp/grad_scaler.h"
+#include "lesson1_amp/underflow_model.h"
 
 namespace {
+
+using amp::examples::UnderflowModel;
 
 using workshop::fixed;
 
@@ -80,28 +83,6 @@ SpeedResult run_speed(torch::Device device, bool use_amp, int64_t width, int64_t
   return result;
 }
 
-// The tiny-gradient model of the checks (lesson1_amp/grad_scaler_test.cc, UnderflowModel), on `device`.
-struct TinyGradientModel {
-  torch::Tensor w, x, y;
-  explicit TinyGradientModel(torch::Device device) {
-    torch::manual_seed(3);
-    auto plus_minus = [](int64_t n) {
-      return (torch::rand({n}) + 0.5) * (torch::randint(0, 2, {n}).to(torch::kFloat) * 2 - 1);
-    };
-    x = plus_minus(1024).to(device);
-    y = x * plus_minus(1024).to(device);
-    w = torch::zeros({1024}, torch::dtype(torch::kFloat).device(device).requires_grad(true));
-  }
-  torch::Tensor loss() {
-    const auto pred = x.to(torch::kHalf) * w.to(torch::kHalf);
-    return 1e-6 * torch::mse_loss(pred.to(torch::kFloat), y);
-  }
-  double true_loss() {
-    torch::NoGradGuard no_grad;
-    return torch::mse_loss(x * w, y).item<double>();
-  }
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,11 +134,11 @@ int main(int argc, char** argv) {
 
     // ---- Part B: underflow, without and with the scaler -----------------------------------------------
     std::cout << "\nPart B: a model whose float16 gradients underflow (Adam, " << underflow_steps << " steps)\n";
-    TinyGradientModel probe(device);
+    UnderflowModel probe(device);
     {
       // The float32 gradient that reaches the float16 multiply, before it is cast: d loss / d pred.
       auto pred = (probe.x * probe.w).detach().requires_grad_(true);
-      (1e-6 * torch::mse_loss(pred, probe.y)).backward();
+      (UnderflowModel::kLossWeight * torch::mse_loss(pred, probe.y)).backward();
       const auto magnitude = pred.grad().abs();
       const double scale = 65536.0;
       workshop::Table histogram("lesson1_grad_histogram",
@@ -178,7 +159,7 @@ int main(int argc, char** argv) {
     const std::vector<std::string> trace_columns{"step", "loss without scaler", "loss with scaler", "scale used",
                                                  "stepped"};
     workshop::Table trace("lesson1_underflow", trace_columns);
-    TinyGradientModel plain(device), scaled(device);
+    UnderflowModel plain(device), scaled(device);
     torch::optim::Adam adam_plain({plain.w}, torch::optim::AdamOptions(0.1));
     torch::optim::Adam adam_scaled({scaled.w}, torch::optim::AdamOptions(0.1));
     amp::GradScalerOptions off;
@@ -209,7 +190,7 @@ int main(int argc, char** argv) {
     excerpt.emit("");
     workshop::Table underflow("lesson1_underflow_summary", {"run", "zero grads (step 1)", "initial loss",
                                                             "final loss", "skipped steps", "final scale"});
-    const double initial = TinyGradientModel(device).true_loss();
+    const double initial = UnderflowModel(device).true_loss();
     underflow.add({"float16, no scaler", fixed(zero_without, 4), fixed(initial, 5), fixed(plain.true_loss(), 5),
                    "0", "1"});
     underflow.add({"float16 + GradScaler", fixed(zero_with, 4), fixed(initial, 5), fixed(scaled.true_loss(), 5),
