@@ -58,6 +58,10 @@ std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at:
 /// "more segments than layers"), or the model is empty.
 at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments, const at::Tensor& input);
 
+/// Given. The index of the CUDA device of the first defined CUDA tensor in `tensors`, or -1 if there is none:
+/// the device whose random state a checkpoint must record and replay.
+int cuda_device_of(const std::vector<at::Tensor>& tensors);
+
 /// Given. The autocast switches of CPU and CUDA at one moment.
 struct AutocastState {
   bool cpu_enabled = false;

@@ -16,6 +16,13 @@
 
 namespace mem {
 
+int cuda_device_of(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.is_cuda()) return t.get_device();
+  }
+  return -1;
+}
+
 AutocastState current_autocast_state() {
   AutocastState state;
   state.cpu_enabled = workshop::compat::autocast_enabled(c10::DeviceType::CPU);

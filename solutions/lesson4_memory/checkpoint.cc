@@ -69,13 +69,6 @@ struct SegmentState : torch::CustomClassHolder {
   size_t num_inputs = 0;
 };
 
-int cuda_device_of(const std::vector<at::Tensor>& tensors) {
-  for (const at::Tensor& t : tensors) {
-    if (t.defined() && t.is_cuda()) return t.get_device();
-  }
-  return -1;
-}
-
 // [checkpoint_function]
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
