@@ -44,6 +44,24 @@ std::vector<torch::Tensor> step_gradients(const mem::MlpSpec& spec, const mem::R
   return grads;
 }
 
+// Step peaks of plain, checkpointed (6 segments) and combined (+ bfloat16 + micro-batches of `micro_batch`)
+// training of `spec` on `device`, and the two ratios plain / checkpointed and plain / combined.
+struct PeakRatios {
+  mem::StepMemory plain, checkpointed, combined;
+  double checkpoint_ratio = 0, combined_ratio = 0;
+};
+
+PeakRatios measure_ratios(const mem::MlpSpec& spec, int64_t micro_batch, torch::Device device) {
+  PeakRatios r;
+  r.plain = mem::measure_training(spec, recipe(0, 1, false), device);
+  r.checkpointed = mem::measure_training(spec, recipe(0, 6, false), device);
+  r.combined = mem::measure_training(spec, recipe(micro_batch, 6, true), device);
+  const auto plain = static_cast<double>(r.plain.step_peak_bytes);
+  r.checkpoint_ratio = plain / static_cast<double>(r.checkpointed.step_peak_bytes);
+  r.combined_ratio = plain / static_cast<double>(r.combined.step_peak_bytes);
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("[step4] accumulating uneven micro-batches gives the full batch's gradients and loss") {
@@ -64,14 +82,12 @@ TEST_CASE("[step4] accumulating uneven micro-batches gives the full batch's grad
 }
 
 TEST_CASE("[step4] the combined recipe (checkpointing + 16-bit + accumulation) beats checkpointing alone") {
-  const auto spec = spec_of(32, 64, 1024);
-  const auto plain = mem::measure_training(spec, recipe(0, 1, false), torch::kCPU);
-  const auto checkpointed = mem::measure_training(spec, recipe(0, 6, false), torch::kCPU);
-  const auto combined = mem::measure_training(spec, recipe(256, 6, true), torch::kCPU);
-  const double checkpoint_ratio =
-      static_cast<double>(plain.step_peak_bytes) / static_cast<double>(checkpointed.step_peak_bytes);
-  const double combined_ratio =
-      static_cast<double>(plain.step_peak_bytes) / static_cast<double>(combined.step_peak_bytes);
+  const PeakRatios r = measure_ratios(spec_of(32, 64, 1024), 256, torch::kCPU);
+  const auto& plain = r.plain;
+  const auto& checkpointed = r.checkpointed;
+  const auto& combined = r.combined;
+  const double checkpoint_ratio = r.checkpoint_ratio;
+  const double combined_ratio = r.combined_ratio;
   CAPTURE(plain.step_peak_bytes);
   CAPTURE(checkpointed.step_peak_bytes);
   CAPTURE(combined.step_peak_bytes);
@@ -159,15 +175,12 @@ TEST_CASE("[step4] bad input is rejected with a clear message") {
 }
 
 GPU_TEST_CASE("[step4] on CUDA the ratios repeat with the caching allocator's statistics") {
-  const torch::Device cuda(torch::kCUDA, 0);
-  const auto spec = spec_of(32, 256, 4096);
-  const auto plain = mem::measure_training(spec, recipe(0, 1, false), cuda);
-  const auto checkpointed = mem::measure_training(spec, recipe(0, 6, false), cuda);
-  const auto combined = mem::measure_training(spec, recipe(1024, 6, true), cuda);
-  const double checkpoint_ratio =
-      static_cast<double>(plain.step_peak_bytes) / static_cast<double>(checkpointed.step_peak_bytes);
-  const double combined_ratio =
-      static_cast<double>(plain.step_peak_bytes) / static_cast<double>(combined.step_peak_bytes);
+  const PeakRatios r = measure_ratios(spec_of(32, 256, 4096), 1024, torch::Device(torch::kCUDA, 0));
+  const auto& plain = r.plain;
+  const auto& checkpointed = r.checkpointed;
+  const auto& combined = r.combined;
+  const double checkpoint_ratio = r.checkpoint_ratio;
+  const double combined_ratio = r.combined_ratio;
   CAPTURE(plain.step_peak_bytes);
   CAPTURE(checkpointed.step_peak_bytes);
   CAPTURE(combined.step_peak_bytes);
