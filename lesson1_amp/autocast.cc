@@ -33,7 +33,8 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool
   // TODO(lesson1, step 2): Check the arguments (CPU or CUDA; when enabled: float16 or bfloat16, on CPU a
   // dtype that workshop::compat::cpu_autocast_supports(), CUDA only if torch::cuda::is_available()).
   // Save the device's current autocast state in previous_enabled_ / previous_dtype_ (workshop::compat::
-  // autocast_enabled / autocast_dtype), switch to the new one, and count one more nesting level
+  // autocast_enabled / autocast_dtype), switch to the new one (the dtype first, then the enabled flag, so that
+  // a failure never leaves autocast on with the wrong dtype), and count one more nesting level
   // (at::autocast::increment_nesting()).
   (void)dtype;
   (void)enabled;

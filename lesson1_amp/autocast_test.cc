@@ -141,6 +141,15 @@ TEST_CASE("[step2] the guard rejects a device or dtype autocast cannot use, with
   }
   CHECK_FALSE(cpu_autocast_on());  // a rejected guard changed nothing
   {
+    // Inside a working guard, a rejected one leaves the outer state (on, bfloat16) exactly as it was.
+    amp::AutocastGuard outer(torch::kCPU, torch::kBFloat16);
+    CHECK_THROWS_WITH_AS(amp::AutocastGuard(torch::kCPU, torch::kFloat), Contains("float16 or bfloat16"),
+                         c10::Error);
+    CHECK(cpu_autocast_on());
+    CHECK(workshop::compat::autocast_dtype(torch::kCPU) == torch::kBFloat16);
+  }
+  CHECK_FALSE(cpu_autocast_on());
+  {
     amp::AutocastGuard off(torch::kCPU, torch::kFloat, /*enabled=*/false);  // "no autocast" takes any dtype
     CHECK_FALSE(cpu_autocast_on());
   }

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard, at::AutoGradMode (ATen.h does not bring it in 2.x)
 
 #include "lesson3_profiling/bottleneck.h"
 #include "lesson3_profiling/phases.h"

@@ -4,6 +4,7 @@
 #include "lesson4_memory/breakdown.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard, at::AutoGradMode (ATen.h does not bring it in 2.x)
 #include <torch/optim/optimizer.h>
 
 #include "common/memory_meter.h"

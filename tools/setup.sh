@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs what the workshop needs on Debian 12 / Ubuntu 22.04+ from the distribution's packages:
+# Installs what the workshop needs on Debian 12 (bookworm) or Debian 13 (trixie) from Debian's packages:
 # Bazel, LibTorch (CPU), doctest, OpenBLAS, Doxygen and the docs tools. Safe to run again: it installs only
 # what is missing. Needs root (runs apt-get through sudo when not root).
+#   bash tools/setup.sh          install what is missing
+#   bash tools/setup.sh --list   print the package names, one per line, and exit
 set -euo pipefail
 
 packages=(
@@ -21,8 +23,13 @@ packages=(
 
 say() { printf '[setup] %s\n' "$*"; }
 
+if [[ ${1:-} == --list ]]; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
+
 if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
-  say "this script needs a Debian or Ubuntu system (dpkg and apt-get). On another system install the"
+  say "this script needs a Debian system (dpkg and apt-get). On another system install the"
   say "equivalents of: ${packages[*]//#*/}"
   exit 1
 fi

@@ -44,8 +44,16 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool
   // Remember what was there, so that the destructor can put it back exactly (this is what makes nesting work).
   previous_enabled_ = workshop::compat::autocast_enabled(device);
   previous_dtype_ = workshop::compat::autocast_dtype(device);
-  workshop::compat::set_autocast_enabled(device, enabled);
-  if (enabled) workshop::compat::set_autocast_dtype(device, dtype);
+  // All or nothing: the dtype goes in before autocast is switched on, and if LibTorch refuses either, the saved
+  // state goes back before the error leaves (a constructor that throws gets no destructor call).
+  try {
+    if (enabled) workshop::compat::set_autocast_dtype(device, dtype);
+    workshop::compat::set_autocast_enabled(device, enabled);
+  } catch (...) {
+    workshop::compat::set_autocast_dtype(device, previous_dtype_);
+    workshop::compat::set_autocast_enabled(device, previous_enabled_);
+    throw;
+  }
   at::autocast::increment_nesting();
 }
 // [guard_enter]

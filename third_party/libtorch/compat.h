@@ -96,9 +96,12 @@ inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 #endif
 }
 
-/// Whether CPU autocast accepts `dtype` (LibTorch 1.13 on CPU: bfloat16 only; float16 from 2.x).
+/// Whether CPU autocast accepts `dtype`: bfloat16 in every version; float16 from 2.3 on. CPU float16 autocast
+/// arrived with pytorch/pytorch#112484 ("Add Half support for CPU autocast on eager mode", opened 2023-10-31):
+/// 2.2's torch/amp/autocast_mode.py still lists `supported_dtype = [torch.bfloat16]` for CPU and its docs say
+/// "for CPU, only ... torch.bfloat16 is supported for now"; 2.3 lists bfloat16 and float16.
 inline bool cpu_autocast_supports(c10::ScalarType dtype) {
-#if WORKSHOP_TORCH_AT_LEAST(2, 1)
+#if WORKSHOP_TORCH_AT_LEAST(2, 3)
   return dtype == c10::kBFloat16 || dtype == c10::kHalf;
 #else
   return dtype == c10::kBFloat16;

@@ -68,6 +68,10 @@ def _find_cuda_include(ctx, lt):
     nvcc = ctx.which("nvcc")
     if nvcc != None:
         toolkit.append(str(nvcc.dirname.dirname) + "/include")
+    # Debian's nvidia-cuda-dev puts the CUDA headers straight into /usr/include, which the compiler searches
+    # anyway: nothing to add then (linking /usr/include into the repository would glob the whole system).
+    if lt.include == "/usr/include" and ctx.path("/usr/include/cuda_runtime_api.h").exists:
+        return []
     found = []
     for c in toolkit:
         if ctx.path(c + "/cuda_runtime_api.h").exists and c not in found:
@@ -102,10 +106,18 @@ def _libtorch_repository_impl(ctx):
     libdir = ctx.path(lt.libdir)
     has_cuda = libdir.get_child("libtorch_cuda.so").exists and libdir.get_child("libc10_cuda.so").exists
     cuda_includes = []
+    cuda_headers = "none"
     if has_cuda:
         for i, folder in enumerate(_find_cuda_include(ctx, lt)):
             ctx.symlink(folder, "cuda_include_%d" % i)
             cuda_includes.append("cuda_include_%d" % i)
+        if cuda_includes:
+            cuda_headers = ", ".join([str(ctx.path(c).realpath) for c in cuda_includes])
+        elif ctx.path("/usr/include/cuda_runtime_api.h").exists:
+            cuda_headers = "/usr/include (Debian's nvidia-cuda-dev)"
+        else:
+            print("LibTorch at %s is a CUDA build, but no CUDA headers (cuda_runtime_api.h) were found: " % lt.libdir +
+                  "set CUDA_HOME to a CUDA toolkit. Files that include ATen's CUDA headers will not compile.")
 
     macros = ctx.read(include.get_child("c10").get_child("macros").get_child("cmake_macros.h"))
     uses_glog = "#define C10_USE_GLOG" in macros
@@ -135,7 +147,7 @@ def _libtorch_repository_impl(ctx):
     ctx.file("BUILD", """\
 package(default_visibility = ["//visibility:public"])
 
-# {origin}, LibTorch {major}.{minor}, CUDA: {cuda}
+# {origin}, LibTorch {major}.{minor}, CUDA: {cuda}, CUDA headers: {cuda_headers}
 cc_library(
     name = "libtorch",
     hdrs = glob(["include/**"], exclude_directories = 1) + glob(["{cuda_glob}/**/*.h*"]),
@@ -148,6 +160,7 @@ cc_library(
         major = major,
         minor = minor,
         cuda = has_cuda,
+        cuda_headers = cuda_headers,
         defines = repr(defines),
         cuda_glob = "cuda_include_*" if has_cuda else "no_cuda",
         cuda_includes = repr(cuda_includes),
@@ -158,7 +171,8 @@ cc_library(
 LIBTORCH_HAS_CUDA = {cuda}
 LIBTORCH_VERSION = ({major}, {minor})
 LIBTORCH_ORIGIN = "{origin}"
-""".format(origin = lt.origin, cuda = has_cuda, major = major, minor = minor))
+LIBTORCH_CUDA_HEADERS = "{cuda_headers}"
+""".format(origin = lt.origin, cuda = has_cuda, major = major, minor = minor, cuda_headers = cuda_headers))
 
 libtorch_repository = repository_rule(
     implementation = _libtorch_repository_impl,
