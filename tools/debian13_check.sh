@@ -4,7 +4,7 @@
 #
 #   sudo bash tools/debian13_check.sh            # CPU: bash tools/setup.sh, then bazel test --config=ci //...
 #   sudo bash tools/debian13_check.sh --cuda     # CUDA: libtorch-cuda-dev + nvidia-cuda-dev, then
-#                                                #       bazel build --config=cuda_link_check //...
+#                                                #       bazel build --config=cuda_link_check -- //... -//docs/...
 #
 # Options: --uncommitted  also take the uncommitted changes to tracked files (git stash create), not only HEAD.
 #          -- ARGS         replace the Bazel command's targets/flags (e.g. -- //lesson2_accumulation/...).
@@ -159,7 +159,9 @@ if ((${#bazel_args[@]} == 0)); then
   if [[ $variant == cpu ]]; then
     bazel_args=(test --config=ci //...)
   else
-    bazel_args=(build --config=cuda_link_check //...)
+    # //docs/ runs the demos at build time to draw its plots; they cannot run without cuDNN and a GPU, and the docs
+    # hold no CUDA code of their own.
+    bazel_args=(build --config=cuda_link_check -- //... -//docs/...)
   fi
 fi
 phase "bazel ${bazel_args[*]}"
