@@ -250,6 +250,7 @@ TEST_CASE("[step1] peak bytes while accumulating K micro-batches of m stay near 
   torch::optim::SGD sgd(problem.model->parameters(), torch::optim::SGDOptions(0.01));
   problem.peak_bytes(sgd, m, 1);                                // warm-up: gradients exist from here on
   const int64_t one_micro_batch = problem.peak_bytes(sgd, m, 1);  // a step per micro-batch of m: no accumulation
+  const int64_t window_of_two = problem.peak_bytes(sgd, m, 2);  // windows of 2 micro-batches of m
   const int64_t accumulated = problem.peak_bytes(sgd, m, k);   // K micro-batches of m, one step per window
   const int64_t full_batch = problem.peak_bytes(sgd, m * k, 1);  // one batch of K*m
   // Adding a micro-batch's gradient into .grad needs that gradient first: at most one set of gradient-sized
@@ -259,11 +260,15 @@ TEST_CASE("[step1] peak bytes while accumulating K micro-batches of m stay near 
   int64_t gradient_bytes = 0;
   for (const auto& p : problem.model->parameters()) gradient_bytes += p.numel() * static_cast<int64_t>(p.element_size());
   CAPTURE(one_micro_batch);
+  CAPTURE(window_of_two);
   CAPTURE(accumulated);
   CAPTURE(full_batch);
   CAPTURE(gradient_bytes);
   REQUIRE(one_micro_batch > 0);
   CHECK(accumulated <= one_micro_batch + gradient_bytes);
+  // The peak does not grow with K: a window of 32 holds what a window of 2 holds (give or take the scalar
+  // losses the window sums up).
+  CHECK(accumulated <= window_of_two + 1024);
   CHECK(accumulated * 4 < full_batch);
 }
 
