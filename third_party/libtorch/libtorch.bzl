@@ -50,7 +50,8 @@ def _locate(ctx):
                       origin = "PyTorch %s at %s" % (py.version, py.root))
     for libdir in _DEBIAN_LIBDIRS:
         if ctx.path(libdir + "/libtorch.so").exists and ctx.path("/usr/include/torch/csrc/api/include").exists:
-            return struct(include = "/usr/include", libdir = libdir, abi = "", origin = "Debian libtorch-dev")
+            package = "libtorch-cuda-dev" if ctx.path(libdir + "/libtorch_cuda.so").exists else "libtorch-dev"
+            return struct(include = "/usr/include", libdir = libdir, abi = "", origin = "Debian " + package)
     fail("LibTorch not found. Run tools/setup.sh (Debian: libtorch-dev), install PyTorch for python3, " +
          "or set LIBTORCH to a LibTorch root (the folder with include/ and lib/).")
 
