@@ -323,6 +323,7 @@ std::string TcpRendezvous::get(const std::string& key) {
   const std::vector<uint8_t> value = impl_->store->get(key);
   return std::string(value.begin(), value.end());
 }
+bool TcpRendezvous::has(const std::string& key) { return impl_->store->check({key}); }
 std::unique_ptr<Comm> TcpRendezvous::join(int rank, int world_size, const std::string& backend) {
   return make_comm(impl_->store, rank, world_size, impl_->timeout, backend);
 }

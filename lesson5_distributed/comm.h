@@ -133,6 +133,8 @@ class TcpRendezvous {
   void set(const std::string& key, const std::string& value);
   /// Waits (up to the timeout) for `key` and returns its value.
   std::string get(const std::string& key);
+  /// Whether `key` has been set (does not wait).
+  bool has(const std::string& key);
   /// This process's member of a group of `world_size` ranks on this store.
   std::unique_ptr<Comm> join(int rank, int world_size, const std::string& backend = "gloo");
 
