@@ -52,7 +52,7 @@ inline Config config_for(bool quick, int world_size) {
   Config c;
   c.world_size = world_size;
   if (quick) {
-    c.width = 128, c.depth = 8, c.batch = 64, c.bucket_bytes = 128 << 10, c.steps = 5, c.probe_bytes = 4 << 20;
+    c.width = 128, c.depth = 8, c.batch = 64, c.bucket_bytes = 256 << 10, c.steps = 5, c.probe_bytes = 4 << 20;
   }
   return c;
 }

@@ -9,6 +9,7 @@ set output out_dir."/lesson5_collectives.png"
 set title "Collective calls per step (counted)"
 set ylabel "calls per step"
 set yrange [0:*]
+set offsets 0, 0, graph 0.12, 0
 set boxwidth 0.6
 set key off
 plot data skip 1 using 0:3:xtic(1) with boxes lc rgb "#1f77b4", \
