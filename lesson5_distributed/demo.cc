@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
                           {{"device", "cpu (default); the ranks always run with Gloo on the CPU"},
                            {"quick", "small, fast settings for a CPU"},
                            {"world_size", "ranks to start (default 4; --quick: 2)"},
+                           {"fault_exit_rank", "a fault drill: this rank exits right after joining; the others must "
+                                               "fail with a clear error, and the demo exits 1"},
                            {"csv_dir", "write the table and the summary line as CSV into this folder"}});
     const bool quick = flags.has("quick");
     const std::string device = flags.get("device", "cpu");
@@ -46,6 +48,8 @@ int main(int argc, char** argv) {
     TORCH_CHECK(world_size >= 1 && world_size <= 16, "--world_size must be in 1 .. 16, got ", world_size);
     const std::string csv_dir = flags.get("csv_dir", "");
     const l5demo::Config config = l5demo::config_for(quick, world_size);
+    TORCH_CHECK(config.batch % world_size == 0, "--world_size=", world_size, ": the batch of ", config.batch,
+                " items does not divide evenly into the ranks");
     const double param_bytes = 4.0 * config.depth * (config.width * config.width + config.width);
 
     std::cout << "Lesson 5 — data parallel on " << world_size << " ranks (processes, Gloo over 127.0.0.1) on "
@@ -59,7 +63,8 @@ int main(int argc, char** argv) {
     double probe_ms = 0;
     int64_t probe_bytes = 0;
     const std::vector<l5demo::Result> results =
-        l5demo::launch(config, quick, std::chrono::seconds(600), &probe_ms, &probe_bytes);
+        l5demo::launch(config, quick, std::chrono::seconds(600), &probe_ms, &probe_bytes,
+                       static_cast<int>(flags.get_int("fault_exit_rank", -1)));
 
     // [demo_table]
     workshop::Table table("lesson5_distributed",

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <sstream>
@@ -217,7 +218,7 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
 /// In a child started by launch(): runs this rank and returns its exit code. -1 when argv is not a child's.
 inline int maybe_run_as_rank(int argc, char** argv) {
   int rank = -1, port = -1;
-  bool quick = false;
+  bool quick = false, exit_after_join = false;
   Config c;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -226,18 +227,24 @@ inline int maybe_run_as_rank(int argc, char** argv) {
     if (a.rfind("--l5_port=", 0) == 0) port = std::stoi(value("--l5_port="));
     if (a.rfind("--l5_world=", 0) == 0) c.world_size = std::stoi(value("--l5_world="));
     if (a == "--l5_quick") quick = true;
+    if (a == "--l5_exit_after_join") exit_after_join = true;
   }
   if (rank < 0) return -1;
   try {
     const Config config = config_for(quick, c.world_size);
     dist::TcpRendezvous store("127.0.0.1", port, /*is_server=*/false, std::chrono::seconds(120));
     std::unique_ptr<dist::Comm> comm = store.join(rank, config.world_size);
+    if (exit_after_join) std::_Exit(0);  // the fault drill: leave without a word, sockets closed by the kernel
     double probe_ms = 0;
     const std::vector<Result> results = run_rank(*comm, config, &probe_ms);
     comm->barrier();
     if (rank == 0) store.set("l5/results", serialize(results, probe_ms, config.probe_bytes));
     store.get("l5/done");  // the parent says when it has read the results: keep the store's clients alive
     return 0;
+  } catch (const c10::Error& error) {
+    const std::string message = error.what_without_backtrace();
+    std::cerr << (message.rfind("rank ", 0) == 0 ? "" : "rank " + std::to_string(rank) + ": ") << message << "\n";
+    return 1;
   } catch (const std::exception& error) {
     std::cerr << "rank " << rank << ": " << error.what() << "\n";
     return 1;
@@ -246,8 +253,9 @@ inline int maybe_run_as_rank(int argc, char** argv) {
 
 /// Starts `config.world_size` ranks as processes of this binary, waits (at most `deadline`), and returns
 /// rank 0's results. Any rank still running at the deadline is killed; a failed rank is an error.
+/// `exit_rank` >= 0: that rank exits right after joining the group (a fault drill: the others must fail fast).
 inline std::vector<Result> launch(const Config& config, bool quick, std::chrono::seconds deadline, double* probe_ms,
-                                  int64_t* probe_bytes) {
+                                  int64_t* probe_bytes, int exit_rank = -1) {
   dist::TcpRendezvous store("127.0.0.1", 0, /*is_server=*/true, deadline);
   const int port = store.port();
   std::vector<pid_t> pids;
@@ -256,6 +264,7 @@ inline std::vector<Result> launch(const Config& config, bool quick, std::chrono:
                                      "--l5_world=" + std::to_string(config.world_size),
                                      "--l5_port=" + std::to_string(port)};
     if (quick) args.push_back("--l5_quick");
+    if (rank == exit_rank) args.push_back("--l5_exit_after_join");
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(&a[0]);
     argv.push_back(nullptr);
