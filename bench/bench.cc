@@ -264,11 +264,13 @@ void bench_lesson5(Context& c, const std::vector<int>& world_sizes) {
     const double ceiling = dist::ring_allreduce_wire_bytes(static_cast<double>(probe_bytes), n) / (probe_ms * 1e-3);
     c.loopback_ceilings.push_back({n, ceiling});
     const double base_ms = results.front().median_ms;
+    // Forward + backward of one rank's share: 6 FLOPs per item per weight (the GFLOP/s column is per rank).
+    const double flops_per_rank = 6.0 * (config.batch / n) * config.depth * config.width * config.width;
     for (const auto& r : results) {
       workshop::Timing t{r.median_ms, r.min_ms, r.max_ms, {}};
       // If the whole step were communication at the loopback ceiling, how long would the napkin bytes take?
       const double comm_floor_ms = r.napkin_bytes_per_step / ceiling * 1e3;
-      c.rows.push_back(Row{"lesson 5: data parallel (N=" + std::to_string(n) + ")", r.variant, t, 0,
+      c.rows.push_back(Row{"lesson 5: data parallel (N=" + std::to_string(n) + ")", r.variant, t, flops_per_rank,
                            r.napkin_bytes_per_step, 0, "", base_ms / r.median_ms,
                            std::to_string(r.collectives_per_step) + " calls/step, payload " +
                                workshop::mib(r.payload_bytes_per_step) + ", napkin " +
