@@ -106,6 +106,17 @@ int leftover_store_folders() {
 
 // ---- step 1 -------------------------------------------------------------------------------------------------
 
+TEST_CASE("[step1] shard gives each rank an equal, contiguous share of the batch") {
+  const torch::Tensor batch = torch::arange(12).reshape({6, 2});
+  const torch::Tensor s = ddp::shard(batch, 1, 3);
+  CHECK(s.size(0) == 2);
+  CHECK(torch::equal(s, batch.narrow(0, 2, 2)));
+  CHECK(s.data_ptr() == batch.narrow(0, 2, 2).data_ptr());  // a view, no copy
+  CHECK_THROWS_WITH_AS(ddp::shard(batch, 0, 4), Contains("does not divide evenly"), c10::Error);
+  CHECK_THROWS_AS(ddp::shard(batch, 3, 3), c10::Error);
+  CHECK_THROWS_AS(ddp::shard(torch::Tensor(), 0, 2), c10::Error);
+}
+
 TEST_CASE("[step1] average_ gives every rank the mean of all ranks' tensors, in one all-reduce") {
   std::vector<torch::Tensor> results(4);
   std::vector<dist::CommStats> stats(4);
@@ -121,17 +132,6 @@ TEST_CASE("[step1] average_ gives every rank the mean of all ranks' tensors, in 
     CHECK(stats[r].all_reduce_calls == 1);
     CHECK(stats[r].all_reduce_bytes == 12);
   }
-}
-
-TEST_CASE("[step1] shard gives each rank an equal, contiguous share of the batch") {
-  const torch::Tensor batch = torch::arange(12).reshape({6, 2});
-  const torch::Tensor s = ddp::shard(batch, 1, 3);
-  CHECK(s.size(0) == 2);
-  CHECK(torch::equal(s, batch.narrow(0, 2, 2)));
-  CHECK(s.data_ptr() == batch.narrow(0, 2, 2).data_ptr());  // a view, no copy
-  CHECK_THROWS_WITH_AS(ddp::shard(batch, 0, 4), Contains("does not divide evenly"), c10::Error);
-  CHECK_THROWS_AS(ddp::shard(batch, 3, 3), c10::Error);
-  CHECK_THROWS_AS(ddp::shard(torch::Tensor(), 0, 2), c10::Error);
 }
 
 TEST_CASE("[step1] per-parameter averaging after backward equals one full-batch step (N = 2 and N = 4)") {
