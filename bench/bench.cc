@@ -3,7 +3,7 @@
 // ratios — never a bare time. Beside each, the napkin math: FLOPs and bytes of the workload, the device's
 // ceilings measured in the same run (matmul per dtype, memory copy), and the fraction achieved.
 //
-//   bazel run //bench -- [--device=best|cpu|cuda] [--quick] [--out_dir=DIR] [--cases=l1,l2,l3,l4]
+//   bazel run //bench -- [--device=best|cpu|cuda] [--quick] [--out_dir=DIR] [--cases=l1,l2,l3,l4,l5]
 //
 // With --out_dir it writes DIR/bench_<device kind>.csv (machine-readable) and DIR/bench_<device kind>.md
 // (a Markdown table headed by device, LibTorch version, date and command), which docs/results/ keeps.
@@ -29,6 +29,8 @@
 #include "lesson3_profiling/bottleneck.h"
 #include "lesson4_memory/planner.h"
 #include "lesson4_memory/workload.h"
+#include "lesson5_distributed/comm.h"
+#include "lesson5_distributed/demo_ranks.h"
 
 namespace {
 
@@ -52,6 +54,7 @@ struct Context {
   std::vector<Row> rows;
   double matmul_ceiling_fp32 = 0, matmul_ceiling_tf32 = 0, matmul_ceiling_bf16 = 0, matmul_ceiling_fp16 = 0;
   double copy_ceiling = 0;
+  std::vector<std::pair<int, double>> loopback_ceilings;  // lesson 5: (ranks, B/s sent per rank, ring napkin)
 };
 
 void set_tf32(bool on) {
@@ -242,6 +245,42 @@ void bench_lesson4(Context& c) {
   }
 }
 
+// ---- lesson 5: data parallel on N ranks (processes, Gloo over loopback) ----------------------------------------
+// The ranks are processes of this binary (demo_ranks.h). Rows: per-parameter all-reduce, bucketed, bucketed +
+// overlap, ZeRO-1, for each world size; the loopback ceiling is one large all-reduce timed in the same run.
+// Seam for other data-parallel rows (e.g. PyTorch's DDP on the same model): add them to c.rows after these,
+// with bench = "lesson 5: data parallel (N=<ranks>)" and the per-parameter row's median as the baseline.
+
+void bench_lesson5(Context& c, const std::vector<int>& world_sizes) {
+  for (int n : world_sizes) {
+    const l5demo::Config config = l5demo::config_for(c.quick, n);
+    std::cout << "lesson 5: " << n << " ranks, MLP " << config.depth << " x " << config.width << ", batch "
+              << config.batch << ", bucket budget " << workshop::mib(static_cast<double>(config.bucket_bytes))
+              << std::endl;
+    double probe_ms = 0;
+    int64_t probe_bytes = 0;
+    const std::vector<l5demo::Result> results =
+        l5demo::launch(config, c.quick, std::chrono::seconds(600), &probe_ms, &probe_bytes);
+    const double ceiling = dist::ring_allreduce_wire_bytes(static_cast<double>(probe_bytes), n) / (probe_ms * 1e-3);
+    c.loopback_ceilings.push_back({n, ceiling});
+    const double base_ms = results.front().median_ms;
+    // Forward + backward of one rank's share: 6 FLOPs per item per weight (the GFLOP/s column is per rank).
+    const double flops_per_rank = 6.0 * (config.batch / n) * config.depth * config.width * config.width;
+    for (const auto& r : results) {
+      workshop::Timing t{r.median_ms, r.min_ms, r.max_ms, {}};
+      // If the whole step were communication at the loopback ceiling, how long would the napkin bytes take?
+      const double comm_floor_ms = r.napkin_bytes_per_step / ceiling * 1e3;
+      c.rows.push_back(Row{"lesson 5: data parallel (N=" + std::to_string(n) + ")", r.variant, t, flops_per_rank,
+                           r.napkin_bytes_per_step, 0, "", base_ms / r.median_ms,
+                           std::to_string(r.collectives_per_step) + " calls/step, payload " +
+                               workshop::mib(r.payload_bytes_per_step) + ", napkin " +
+                               workshop::mib(r.napkin_bytes_per_step) + " sent/rank (" + fixed(comm_floor_ms, 2) +
+                               " ms at the loopback ceiling); optimizer state " +
+                               workshop::mib(static_cast<double>(r.optimizer_state_bytes)) + "/rank"});
+    }
+  }
+}
+
 std::string now_utc() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -252,15 +291,18 @@ std::string now_utc() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const int rank_exit = l5demo::maybe_run_as_rank(argc, argv);  // lesson 5 starts its ranks as copies of this binary
+  if (rank_exit >= 0) return rank_exit;
   try {
     workshop::Flags flags(argc, argv, {{"device", "best (default), cpu, cuda"},
                                        {"quick", "small sizes (a smoke run)"},
-                                       {"cases", "comma-separated: l1,l2,l3,l4 (default all)"},
+                                       {"cases", "comma-separated: l1,l2,l3,l4,l5 (default all)"},
+                                       {"world_sizes", "lesson 5 ranks, comma-separated (default 2,4; --quick: 2)"},
                                        {"out_dir", "write bench_<device>.csv and .md there"}});
     Context c;
     c.device = workshop::parse_device(flags.get("device", "best"));
     c.quick = flags.has("quick");
-    const std::string cases = "," + flags.get("cases", "l1,l2,l3,l4") + ",";
+    const std::string cases = "," + flags.get("cases", "l1,l2,l3,l4,l5") + ",";
     std::string command = "bazel run //bench --";
     for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
     const std::string name = workshop::device_name(c.device);
@@ -271,6 +313,12 @@ int main(int argc, char** argv) {
     if (cases.find(",l2,") != std::string::npos) bench_lesson2(c);
     if (cases.find(",l3,") != std::string::npos) bench_lesson3(c);
     if (cases.find(",l4,") != std::string::npos) bench_lesson4(c);
+    if (cases.find(",l5,") != std::string::npos) {
+      std::vector<int> worlds;
+      std::stringstream list(flags.get("world_sizes", c.quick ? "2" : "2,4"));
+      for (std::string item; std::getline(list, item, ',');) worlds.push_back(std::stoi(item));
+      bench_lesson5(c, worlds);
+    }
 
     workshop::Table table("bench", {"benchmark", "variant", "median ms", "min..max ms", "GFLOP/s", "ceiling",
                                     "of ceiling", "speed-up", "note"});
@@ -288,6 +336,10 @@ int main(int argc, char** argv) {
     ceilings.add({"bf16 matmul", fixed(c.matmul_ceiling_bf16 / 1e9, 1), "GFLOP/s"});
     if (c.matmul_ceiling_fp16 > 0) ceilings.add({"fp16 matmul", fixed(c.matmul_ceiling_fp16 / 1e9, 1), "GFLOP/s"});
     ceilings.add({"memory copy (read+write)", fixed(c.copy_ceiling / 1e9, 1), "GB/s"});
+    for (const auto& [n, bytes_per_s] : c.loopback_ceilings) {
+      ceilings.add({"all-reduce over loopback, " + std::to_string(n) + " ranks (Gloo, ring napkin bytes sent per rank)",
+                    fixed(bytes_per_s / 1e9, 2), "GB/s"});
+    }
     ceilings.emit("");
     table.emit("");
 

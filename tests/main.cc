@@ -43,6 +43,12 @@ int main(int argc, char** argv) {
         std::cout << "[workshop] SKIPPED (GPU case): " << test.m_name << "\n"
                   << "           reason: " << reason << "\n";
       }
+      if (test.m_skip && std::strcmp(test.m_test_suite, "multi_gpu") == 0) {
+        // Not a "GPU case" skip: one GPU is a complete GPU machine for every other check (tools/gpu_check.sh).
+        std::cout << "[workshop] SKIPPED (multi-GPU case): " << test.m_name << "\n"
+                  << "           reason: needs at least 2 CUDA devices and NCCL; this machine has "
+                  << (workshop::testing::cuda_usable() ? torch::cuda::device_count() : 0) << " CUDA device(s)\n";
+      }
     }
   }
   return context.run();

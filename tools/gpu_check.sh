@@ -69,7 +69,8 @@ fi
 # ---- demos and benchmarks --------------------------------------------------------------------------------
 csv=$(mktemp -d)
 : > "$out/demos.log"
-for demo in //lesson1_amp:demo //lesson2_accumulation:demo //lesson3_profiling:demo //lesson4_memory:demo; do
+for demo in //lesson1_amp:demo //lesson2_accumulation:demo //lesson3_profiling:demo //lesson4_memory:demo \
+    //lesson5_distributed:demo; do
   say "running $demo --device=$kind"
   extra=()
   [[ $kind == best ]] && extra=(--quick)

@@ -43,6 +43,15 @@ LESSONS = [
         tests = ["breakdown_test", "checkpoint_test", "planner_test"],
         ready = True,
     ),
+    struct(
+        number = 5,
+        dir = "lesson5_distributed",
+        title = "Data parallel",
+        learn = "all-reduce on c10d (Gloo/NCCL), buckets, overlap with backward, no_sync, ZeRO-1 sharded state",
+        need = "CPU (ranks on loopback); several GPUs for NCCL",
+        tests = ["ddp_test"],
+        ready = True,
+    ),
 ]
 
 READY = [lesson for lesson in LESSONS if lesson.ready]

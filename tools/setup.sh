@@ -12,6 +12,7 @@ packages=(
   g++                  # the C++ compiler Bazel finds
   python3              # the maintainer checks and repository rules
   libtorch-dev         # LibTorch 1.13 (CPU), headers and libraries
+  libgloo-dev          # Gloo's headers, which LibTorch's c10d ProcessGroupGloo.hpp includes (lesson 5)
   libopenblas0-pthread # fast BLAS for LibTorch's CPU matmuls (about 10x the reference BLAS)
   doctest-dev          # the test framework (a single header)
   doxygen              # the docs site

@@ -1,0 +1,663 @@
+// Checks for lesson 5: data-parallel training on c10d (steps 1-5).
+// Run: bazel test //lesson5_distributed:all   (one step: --test_arg=--test-case='*step2*')
+//
+// How the ranks start: dist::run_ranks runs N threads in this test process, each with its OWN
+// ProcessGroupGloo; the groups meet in one FileStore and then talk over Gloo's TCP transport on 127.0.0.1,
+// exactly as N processes would (the demo starts real processes). Every rank's model is built here from the
+// same seed before the threads start, so every run is deterministic. The reference is one process doing one
+// full-batch step on the same model; parameters are compared with rel_error = max|a - b| / max|b| (float32).
+#include "tests/torch_doctest.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "common/memory_meter.h"
+#include "lesson1_amp/grad_scaler.h"
+#include "lesson2_accumulation/accumulation.h"
+#include "lesson5_distributed/comm.h"
+#include "lesson5_distributed/ddp.h"
+
+using doctest::Contains;
+
+namespace {
+
+// [problem]
+// A small MLP regression problem: 8 -> 16 -> 16 -> 4, six parameters, 484 float32 elements (1936 bytes).
+torch::nn::Sequential make_model(uint64_t seed = 5) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16),
+                               torch::nn::Tanh(), torch::nn::Linear(16, 4));
+}
+constexpr int64_t kModelBytes = 1936;
+
+struct Data {
+  torch::Tensor x, y;  // [items, 8], [items, 4]
+  explicit Data(int64_t items, uint64_t seed = 7) {
+    torch::manual_seed(seed);
+    x = torch::randn({items, 8});
+    y = torch::randn({items, 4});
+  }
+};
+// [problem]
+
+std::vector<torch::Tensor> snapshot(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone());
+  return out;
+}
+
+double rel_error(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).abs().max().item<double>());
+    scale = std::max(scale, b[i].abs().max().item<double>());
+  }
+  return diff / scale;
+}
+
+// N identical copies of the model, one per rank, built before the ranks start.
+std::vector<torch::nn::Sequential> replicas(int n, uint64_t seed = 5) {
+  std::vector<torch::nn::Sequential> out;
+  for (int r = 0; r < n; ++r) out.push_back(make_model(seed));
+  return out;
+}
+
+// The oracle: `steps` full-batch steps of one process.
+std::vector<torch::Tensor> full_batch_sgd(const Data& data, int steps = 1, double lr = 0.1) {
+  auto model = make_model();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(lr));
+  for (int s = 0; s < steps; ++s) {
+    sgd.zero_grad();
+    torch::mse_loss(model->forward(data.x), data.y).backward();
+    sgd.step();
+  }
+  return snapshot(model->parameters());
+}
+
+dist::LaunchOptions launch(int world_size, int timeout_ms = 10000) {
+  dist::LaunchOptions options;
+  options.world_size = world_size;
+  options.timeout = std::chrono::milliseconds(timeout_ms);
+  return options;
+}
+
+int leftover_store_folders() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(base && *base ? base : "/tmp")) {
+    if (entry.path().filename().string().rfind("workshop_ranks_", 0) == 0) ++count;
+  }
+  return count;
+}
+
+}  // namespace
+
+// ---- step 1 -------------------------------------------------------------------------------------------------
+
+TEST_CASE("[step1] shard gives each rank an equal, contiguous share of the batch") {
+  const torch::Tensor batch = torch::arange(12).reshape({6, 2});
+  const torch::Tensor s = ddp::shard(batch, 1, 3);
+  CHECK(s.size(0) == 2);
+  CHECK(torch::equal(s, batch.narrow(0, 2, 2)));
+  CHECK(s.data_ptr() == batch.narrow(0, 2, 2).data_ptr());  // a view, no copy
+  CHECK_THROWS_WITH_AS(ddp::shard(batch, 0, 4), Contains("does not divide evenly"), c10::Error);
+  CHECK_THROWS_AS(ddp::shard(batch, 3, 3), c10::Error);
+  CHECK_THROWS_AS(ddp::shard(torch::Tensor(), 0, 2), c10::Error);
+}
+
+TEST_CASE("[step1] average_ gives every rank the mean of all ranks' tensors, in one all-reduce") {
+  std::vector<torch::Tensor> results(4);
+  std::vector<dist::CommStats> stats(4);
+  dist::run_ranks(launch(4), [&](dist::Comm& comm) {
+    torch::Tensor t = torch::full({3}, static_cast<float>(comm.rank() + 1));  // 1, 2, 3, 4
+    ddp::average_(comm, t);
+    results[comm.rank()] = t;
+    stats[comm.rank()] = comm.stats();
+  });
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(torch::allclose(results[r], torch::full({3}, 2.5f)));
+    CHECK(stats[r].all_reduce_calls == 1);
+    CHECK(stats[r].all_reduce_bytes == 12);
+  }
+}
+
+TEST_CASE("[step1] per-parameter averaging after backward equals one full-batch step (N = 2 and N = 4)") {
+  const Data data(16);
+  const std::vector<torch::Tensor> reference = full_batch_sgd(data);
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    auto models = replicas(n);
+    std::vector<dist::CommStats> stats(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      auto& model = models[comm.rank()];
+      torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+      sgd.zero_grad();
+      const torch::Tensor x = ddp::shard(data.x, comm.rank(), n), y = ddp::shard(data.y, comm.rank(), n);
+      torch::mse_loss(model->forward(x), y).backward();  // the mean over this rank's items
+      ddp::average_gradients(comm, model->parameters());   // the mean of the means = the full-batch mean
+      sgd.step();
+      stats[comm.rank()] = comm.stats();
+    });
+    for (int r = 0; r < n; ++r) {
+      const double rel = rel_error(snapshot(models[r]->parameters()), reference);
+      CAPTURE(r);
+      CAPTURE(rel);
+      CHECK(rel <= 1e-6);
+      CHECK(stats[r].all_reduce_calls == 6);  // one per parameter
+      CHECK(stats[r].all_reduce_bytes == kModelBytes);
+      if (r == 0) MESSAGE("N = " << n << ": max rel diff to the full-batch step " << rel);
+    }
+  }
+}
+
+TEST_CASE("[step1] parameter shapes that differ across ranks give a clear error on every rank, not a hang") {
+  std::vector<torch::nn::Sequential> models = replicas(3);
+  torch::manual_seed(1);
+  models[1] = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 5));
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(3, 5000), [&](dist::Comm& comm) {
+    ddp::check_same_shapes(comm, models[comm.rank()]->parameters());
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    CHECK_FALSE(outcomes[r].ok);
+    CHECK(outcomes[r].error.find("parameter shapes differ across ranks") != std::string::npos);
+    INFO(outcomes[r].error);
+  }
+  CHECK(seconds < 5.0);  // it is found at once, not after the 5 s timeout
+  // And the same models pass the check.
+  auto same = replicas(3);
+  CHECK_NOTHROW(dist::run_ranks(launch(3), [&](dist::Comm& comm) {
+    ddp::check_same_shapes(comm, same[comm.rank()]->parameters());
+  }));
+}
+
+TEST_CASE("[step1] a rank that stops early makes the others fail with a clear timeout error within seconds") {
+  const Data data(12);
+  auto models = replicas(3);
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(3, 1500), [&](dist::Comm& comm) {
+    if (comm.rank() == 2) return;  // leaves before the first collective
+    auto& model = models[comm.rank()];
+    torch::mse_loss(model->forward(ddp::shard(data.x, comm.rank(), 3)), ddp::shard(data.y, comm.rank(), 3)).backward();
+    ddp::average_gradients(comm, model->parameters());
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(outcomes[2].ok);
+  for (int r : {0, 1}) {
+    CAPTURE(r);
+    INFO(outcomes[r].error);
+    CHECK_FALSE(outcomes[r].ok);
+    CHECK(outcomes[r].error.find("timed out after 1500 ms") != std::string::npos);
+    CHECK(outcomes[r].error.find("all_reduce") != std::string::npos);
+  }
+  CAPTURE(seconds);
+  CHECK(seconds < 30.0);             // bounded: the timeout, plus rendezvous, never a hang
+  CHECK(leftover_store_folders() == 0);  // the store's folder is gone
+}
+
+// ---- step 2 -------------------------------------------------------------------------------------------------
+
+TEST_CASE("[step2] make_buckets fills buckets in reverse parameter order under the byte budget") {
+  // float32 parameters of 400, 40, 400, 40, 400, 40 bytes.
+  std::vector<torch::Tensor> params;
+  for (int i = 0; i < 6; ++i) params.push_back(torch::zeros({i % 2 == 0 ? 100 : 10}));
+  const auto three = ddp::make_buckets(params, 500);
+  REQUIRE(three.size() == 3);
+  CHECK(three[0].params == std::vector<size_t>{5, 4, 3});
+  CHECK(three[0].bytes == 480);
+  CHECK(three[1].params == std::vector<size_t>{2, 1});
+  CHECK(three[2].params == std::vector<size_t>{0});
+  CHECK(three[2].numel == 100);
+  CHECK(ddp::make_buckets(params, 100).size() == 6);      // a parameter over the budget sits alone
+  CHECK(ddp::make_buckets(params, 1 << 20).size() == 1);  // everything in one message
+  params[3] = torch::zeros({10}, torch::kDouble);         // a dtype change closes the bucket
+  CHECK(ddp::make_buckets(params, 1 << 20).size() == 3);
+  CHECK_THROWS_WITH_AS(ddp::make_buckets(params, 0), Contains("bucket_bytes must be > 0"), c10::Error);
+  CHECK_THROWS_AS(ddp::make_buckets({}, 100), c10::Error);
+}
+
+TEST_CASE("[step2] bucketed averaging makes one all-reduce per bucket, sends the same bytes, equals the full batch") {
+  const Data data(16);
+  const std::vector<torch::Tensor> reference = full_batch_sgd(data);
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    auto models = replicas(n);
+    std::vector<dist::CommStats> stats(static_cast<size_t>(n));
+    std::vector<size_t> buckets(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      auto& model = models[comm.rank()];
+      const auto params = model->parameters();
+      // 1100 bytes: {b3, W3, b2} = 336 B, {W2, b1} = 1088 B, {W1} = 512 B.
+      const std::vector<ddp::Bucket> plan = ddp::make_buckets(params, 1100);
+      buckets[comm.rank()] = plan.size();
+      torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.1));
+      sgd.zero_grad();
+      torch::mse_loss(model->forward(ddp::shard(data.x, comm.rank(), n)), ddp::shard(data.y, comm.rank(), n))
+          .backward();
+      ddp::average_gradients_bucketed(comm, params, plan);
+      sgd.step();
+      stats[comm.rank()] = comm.stats();
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const double rel = rel_error(snapshot(models[r]->parameters()), reference);
+      CAPTURE(rel);
+      CHECK(rel <= 1e-6);
+      CHECK(buckets[r] == 3);
+      CHECK(stats[r].all_reduce_calls == 3);  // calls = buckets, not parameters (6)
+      CHECK(stats[r].all_reduce_bytes == kModelBytes);
+      if (r == 0) {
+        MESSAGE("N = " << n << ": 3 buckets of <= 1100 B, " << stats[r].all_reduce_bytes
+                       << " B per step handed to all-reduce, ring napkin "
+                       << dist::ring_allreduce_wire_bytes(static_cast<double>(kModelBytes), n)
+                       << " B sent per rank; rel diff " << rel);
+      }
+    }
+  }
+}
+
+TEST_CASE("[step2] bucketed averaging rejects a parameter without a gradient") {
+  auto models = replicas(2);
+  const auto outcomes = dist::run_ranks_collect(launch(2), [&](dist::Comm& comm) {
+    const auto params = models[comm.rank()]->parameters();
+    ddp::average_gradients_bucketed(comm, params, ddp::make_buckets(params, 1100));
+  });
+  for (const auto& outcome : outcomes) {
+    INFO(outcome.error);
+    CHECK_FALSE(outcome.ok);
+    CHECK(outcome.error.find("has no gradient") != std::string::npos);
+  }
+}
+
+// ---- step 3 -------------------------------------------------------------------------------------------------
+
+TEST_CASE("[step3] with overlap, the first bucket's all-reduce starts before backward has finished") {
+  const Data data(16);
+  for (bool overlap : {true, false}) {
+    CAPTURE(overlap);
+    auto models = replicas(2);
+    std::vector<int64_t> calls_when_first_layer_ready(2, -1), in_backward(2, -1), calls(2, -1);
+    dist::run_ranks(launch(2), [&](dist::Comm& comm) {
+      const auto params = models[comm.rank()]->parameters();
+      // Our hook on the first layer's weight, whose gradient backward computes last; registered before the
+      // reducer's, so it runs first: how many all-reduces had started by then?
+      params[0].register_hook([&, r = comm.rank()](const torch::Tensor&) {
+        calls_when_first_layer_ready[r] = comm.stats().all_reduce_calls;
+      });
+      ddp::ReducerOptions options;
+      options.bucket_bytes = 1100;
+      options.overlap = overlap;
+      ddp::Reducer reducer(comm, params, options);
+      comm.reset_stats();
+      torch::mse_loss(models[comm.rank()]->forward(ddp::shard(data.x, comm.rank(), 2)),
+                      ddp::shard(data.y, comm.rank(), 2))
+          .backward();
+      reducer.finish();
+      in_backward[comm.rank()] = reducer.launched_in_backward();
+      calls[comm.rank()] = comm.stats().all_reduce_calls;
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      CHECK(calls[r] == 3);
+      if (overlap) {
+        CHECK(calls_when_first_layer_ready[r] >= 1);  // launched while backward was still running
+        CHECK(in_backward[r] == 3);
+      } else {
+        CHECK(calls_when_first_layer_ready[r] == 0);
+        CHECK(in_backward[r] == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("[step3] the reducer's averaged gradients give the full-batch steps (N = 2 and 4, overlap on and off)") {
+  const Data data(16);
+  const std::vector<torch::Tensor> reference = full_batch_sgd(data, 3);
+  for (int n : {2, 4}) {
+    for (bool overlap : {true, false}) {
+      CAPTURE(n);
+      CAPTURE(overlap);
+      auto models = replicas(n);
+      std::vector<int64_t> calls(static_cast<size_t>(n));
+      dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+        auto& model = models[comm.rank()];
+        ddp::ReducerOptions options;
+        options.bucket_bytes = 1100;
+        options.overlap = overlap;
+        ddp::Reducer reducer(comm, model->parameters(), options);
+        torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+        comm.reset_stats();
+        for (int step = 0; step < 3; ++step) {
+          sgd.zero_grad();
+          torch::mse_loss(model->forward(ddp::shard(data.x, comm.rank(), n)), ddp::shard(data.y, comm.rank(), n))
+              .backward();
+          reducer.finish();
+          sgd.step();
+        }
+        calls[comm.rank()] = comm.stats().all_reduce_calls;
+      });
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        const double rel = rel_error(snapshot(models[r]->parameters()), reference);
+        CAPTURE(rel);
+        CHECK(rel <= 1e-6);
+        CHECK(calls[r] == 9);  // 3 buckets x 3 steps
+      }
+    }
+  }
+}
+
+TEST_CASE("[step3] a parameter that gets no gradient in a backward gives a clear error") {
+  auto models = replicas(2);
+  std::vector<torch::Tensor> extra;
+  for (int r = 0; r < 2; ++r) extra.push_back(torch::zeros({3}, torch::requires_grad()));
+  const Data data(4);
+  const auto outcomes = dist::run_ranks_collect(launch(2), [&](dist::Comm& comm) {
+    auto params = models[comm.rank()]->parameters();
+    params.push_back(extra[comm.rank()]);  // never used by the loss
+    ddp::Reducer reducer(comm, params);
+    torch::mse_loss(models[comm.rank()]->forward(data.x), data.y).backward();
+    reducer.finish();
+  });
+  for (const auto& outcome : outcomes) {
+    INFO(outcome.error);
+    CHECK_FALSE(outcome.ok);
+    CHECK(outcome.error.find("got no gradient") != std::string::npos);
+  }
+}
+
+// ---- step 4 -------------------------------------------------------------------------------------------------
+
+TEST_CASE("[step4] no_sync: one all-reduce per bucket per window, and the accumulated step equals the full batch") {
+  const Data data(32);
+  const std::vector<torch::Tensor> reference = full_batch_sgd(data, 2);
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    auto models = replicas(n);
+    std::vector<int64_t> calls(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      auto& model = models[comm.rank()];
+      ddp::ReducerOptions options;
+      options.bucket_bytes = 1100;
+      ddp::Reducer reducer(comm, model->parameters(), options);
+      torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+      const auto micro = accum::split_batch(ddp::shard(data.x, comm.rank(), n), ddp::shard(data.y, comm.rank(), n), 2);
+      const accum::LossFn loss_fn = [&](const accum::MicroBatch& mb) {
+        return torch::mse_loss(model->forward(mb.input), mb.target);
+      };
+      comm.reset_stats();
+      for (int step = 0; step < 2; ++step) CHECK(ddp::train_step(reducer, sgd, micro, loss_fn));
+      calls[comm.rank()] = comm.stats().all_reduce_calls;
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const double rel = rel_error(snapshot(models[r]->parameters()), reference);
+      CAPTURE(rel);
+      CHECK(rel <= 1e-6);
+      CHECK(calls[r] == 2 * 3);  // 2 windows x 3 buckets, whatever the number of micro-batches (32 / n / 2)
+      if (r == 0) MESSAGE("N = " << n << ", " << 32 / n / 2 << " micro-batches per rank: rel diff " << rel);
+    }
+  }
+}
+
+TEST_CASE("[step4] all_ranks_found_inf is true on every rank when any one rank found an inf") {
+  std::vector<int> with_one(4, -1), with_none(4, -1);
+  dist::run_ranks(launch(4), [&](dist::Comm& comm) {
+    with_one[comm.rank()] = ddp::all_ranks_found_inf(comm, comm.rank() == 2) ? 1 : 0;
+    with_none[comm.rank()] = ddp::all_ranks_found_inf(comm, false) ? 1 : 0;
+  });
+  CHECK(with_one == std::vector<int>{1, 1, 1, 1});
+  CHECK(with_none == std::vector<int>{0, 0, 0, 0});
+}
+
+TEST_CASE("[step4] with the scaler, clean steps equal the full batch and an inf on one rank skips the step on every rank") {
+  const Data data(16);
+  const std::vector<torch::Tensor> reference = full_batch_sgd(data, 1);
+  const int n = 4;
+  auto models = replicas(n);
+  std::vector<int> stepped_clean(n, -1), stepped_inf(n, -1);
+  std::vector<double> scales(n, 0);
+  std::vector<std::vector<torch::Tensor>> after_clean(n), after_inf(n);
+  dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    auto& model = models[r];
+    ddp::ReducerOptions options;
+    options.bucket_bytes = 1100;
+    ddp::Reducer reducer(comm, model->parameters(), options);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    amp::GradScalerOptions scaler_options;
+    scaler_options.init_scale = 1024;  // a power of two: scaling and unscaling are exact
+    scaler_options.growth_interval = 1000;
+    amp::GradScaler scaler(scaler_options);
+    const torch::Tensor x = ddp::shard(data.x, r, n), y = ddp::shard(data.y, r, n);
+    const accum::LossFn loss_fn = [&](const accum::MicroBatch& mb) {
+      return torch::mse_loss(model->forward(mb.input), mb.target);
+    };
+    stepped_clean[r] = ddp::train_step(reducer, sgd, accum::split_batch(x, y, 2), loss_fn, &scaler);
+    after_clean[r] = snapshot(model->parameters());
+    torch::Tensor bad = x.clone();
+    if (r == 1) bad[0][0] = std::numeric_limits<float>::infinity();  // only rank 1's data overflows
+    stepped_inf[r] = ddp::train_step(reducer, sgd, accum::split_batch(bad, y, 2), loss_fn, &scaler);
+    after_inf[r] = snapshot(model->parameters());
+    scales[r] = scaler.get_scale();
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(stepped_clean[r] == 1);
+    CHECK(rel_error(after_clean[r], reference) <= 1e-6);
+    CHECK(stepped_inf[r] == 0);                        // every rank skipped, not only rank 1
+    CHECK(rel_error(after_inf[r], after_clean[r]) == 0);
+    CHECK(scales[r] == 512.0);                         // backed off once, the same on every rank
+  }
+}
+
+// ---- step 5 -------------------------------------------------------------------------------------------------
+
+TEST_CASE("[step5] partition_parameters gives the largest parameters first to the least-loaded rank") {
+  std::vector<torch::Tensor> params;
+  for (int64_t numel : {10, 40, 30, 20, 40}) params.push_back(torch::zeros({numel}));
+  // By size: 1 (40) -> rank 0, 4 (40) -> 1, 2 (30) -> 0 (a tie goes to the lower rank), 3 (20) -> 1, 0 (10) -> 1.
+  CHECK(ddp::partition_parameters(params, 2) == std::vector<int>{1, 0, 0, 1, 1});
+  CHECK(ddp::partition_parameters(params, 1) == std::vector<int>{0, 0, 0, 0, 0});
+  CHECK(ddp::partition_parameters(params, 5) == std::vector<int>{4, 0, 2, 3, 1});
+  CHECK_THROWS_AS(ddp::partition_parameters(params, 0), c10::Error);
+  CHECK_THROWS_AS(ddp::partition_parameters({}, 2), c10::Error);
+}
+
+namespace {
+
+// [deep_model]
+// Eight equal layers (32 x 32 + 32 = 1056 floats each): the state splits evenly for N = 1, 2, 4, 8.
+torch::nn::Sequential deep_model(uint64_t seed = 3) {
+  torch::manual_seed(seed);
+  torch::nn::Sequential model;
+  for (int i = 0; i < 8; ++i) {
+    model->push_back(torch::nn::Linear(32, 32));
+    model->push_back(torch::nn::Tanh());
+  }
+  return model;
+}
+// [deep_model]
+
+std::unique_ptr<torch::optim::Optimizer> adam(std::vector<torch::Tensor> params) {
+  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
+}
+
+}  // namespace
+
+TEST_CASE("[step5] ZeRO-1 gives the same parameters as plain data parallel, with Adam (N = 2 and 4)") {
+  torch::manual_seed(9);
+  const torch::Tensor x = torch::randn({16, 32}), y = torch::randn({16, 32});
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    std::vector<torch::nn::Sequential> plain_models, zero_models;
+    for (int r = 0; r < n; ++r) plain_models.push_back(deep_model()), zero_models.push_back(deep_model());
+    std::vector<int64_t> state(static_cast<size_t>(n)), plain_state(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      const int r = comm.rank();
+      const torch::Tensor xs = ddp::shard(x, r, n), ys = ddp::shard(y, r, n);
+      {  // plain data parallel: every rank keeps the whole Adam state
+        auto& model = plain_models[r];
+        ddp::Reducer reducer(comm, model->parameters());
+        torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+        for (int step = 0; step < 3; ++step) {
+          opt.zero_grad();
+          torch::mse_loss(model->forward(xs), ys).backward();
+          reducer.finish();
+          opt.step();
+        }
+        plain_state[r] = ddp::optimizer_state_bytes(opt);
+      }
+      auto& model = zero_models[r];
+      ddp::Reducer reducer(comm, model->parameters());
+      ddp::ZeroOptimizer zero(comm, model->parameters(), adam);
+      for (int step = 0; step < 3; ++step) {
+        zero.zero_grad();
+        torch::mse_loss(model->forward(xs), ys).backward();
+        reducer.finish();
+        zero.step();
+      }
+      state[r] = zero.state_bytes();
+    });
+    const auto reference = snapshot(plain_models[0]->parameters());
+    int64_t total = 0;
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const double rel = rel_error(snapshot(zero_models[r]->parameters()), reference);
+      CAPTURE(rel);
+      CHECK(rel <= 1e-6);
+      CHECK(rel_error(snapshot(plain_models[r]->parameters()), reference) == 0);
+      CHECK(plain_state[r] == 2 * 8 * 1056 * 4);  // exp_avg + exp_avg_sq of every parameter
+      CHECK(state[r] == plain_state[r] / n);      // this rank's share only
+      total += state[r];
+    }
+    CHECK(total == 2 * 8 * 1056 * 4);
+    MESSAGE("ZeRO-1, N = " << n << ": optimizer state " << state[0] << " B per rank of " << total << " B");
+  }
+}
+
+TEST_CASE("[step5] optimizer-state bytes per rank fall as 1/N, measured with lesson 4's meter") {
+  torch::manual_seed(9);
+  const torch::Tensor x = torch::randn({8, 32}), y = torch::randn({8, 32});
+  const int64_t total = 2 * 8 * 1056 * 4;
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    std::vector<torch::nn::Sequential> models;
+    for (int r = 0; r < n; ++r) models.push_back(deep_model());
+    std::vector<int64_t> measured(static_cast<size_t>(n), -1);
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      const int r = comm.rank();
+      auto& model = models[r];
+      ddp::Reducer reducer(comm, model->parameters());
+      ddp::ZeroOptimizer zero(comm, model->parameters(), adam);
+      torch::mse_loss(model->forward(ddp::shard(x, r, n)), ddp::shard(y, r, n)).backward();
+      reducer.finish();
+      // The meter counts the whole process (every rank's thread), so the ranks take turns: while one steps
+      // (its first step creates its Adam state), the others wait in a barrier, which allocates no tensors.
+      for (int turn = 0; turn < n; ++turn) {
+        if (turn == r) {
+          workshop::MemoryMeter meter;
+          zero.step_local();
+          measured[r] = meter.current_bytes();  // what stays allocated: the new state
+        }
+        comm.barrier();
+      }
+      zero.sync_parameters();
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CHECK(measured[r] == total / n);
+    }
+    MESSAGE("ZeRO-1 measured by the meter, N = " << n << ": " << measured[0] << " B of optimizer state per rank");
+  }
+}
+
+TEST_CASE("[step5] with the scaler, an inf in one rank's shard skips the ZeRO step on every rank") {
+  const int n = 2;
+  std::vector<torch::nn::Sequential> models;
+  for (int r = 0; r < n; ++r) models.push_back(deep_model());
+  torch::manual_seed(9);
+  const torch::Tensor x = torch::randn({8, 32}), y = torch::randn({8, 32});
+  std::vector<int> stepped(n, -1), owner_of_planted(n, -1);
+  std::vector<double> scales(n, 0);
+  std::vector<std::vector<torch::Tensor>> before(n), after(n);
+  dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    auto& model = models[r];
+    const auto params = model->parameters();
+    ddp::Reducer reducer(comm, params);
+    ddp::ZeroOptimizer zero(comm, params, adam);
+    amp::GradScalerOptions options;
+    options.init_scale = 1024;
+    amp::GradScaler scaler(options);
+    zero.zero_grad();
+    scaler.scale(torch::mse_loss(model->forward(ddp::shard(x, r, n)), ddp::shard(y, r, n))).backward();
+    reducer.finish();
+    // An overflow in the (averaged, so identical on every rank) gradient of one parameter owned by rank 1:
+    // only rank 1's optimizer holds it.
+    size_t planted = 0;
+    while (zero.owners()[planted] != 1) ++planted;
+    owner_of_planted[r] = zero.owners()[planted];
+    params[planted].grad()[0][0] = std::numeric_limits<float>::infinity();
+    before[r] = snapshot(params);
+    stepped[r] = zero.step(scaler);
+    scaler.update();
+    after[r] = snapshot(params);
+    scales[r] = scaler.get_scale();
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(owner_of_planted[r] == 1);
+    CHECK(stepped[r] == 0);  // rank 0 skips too, though its own shard was clean
+    CHECK(rel_error(after[r], before[r]) == 0);
+    CHECK(scales[r] == 512.0);
+  }
+}
+
+// ---- GPU ----------------------------------------------------------------------------------------------------
+
+namespace {
+bool two_gpus_with_nccl() {
+  return workshop::testing::cuda_usable() && torch::cuda::device_count() >= 2 && dist::nccl_available();
+}
+}  // namespace
+
+// Suite "multi_gpu": NCCL needs one device per rank, so one GPU is not enough; tests/main.cc lists the skip
+// and its reason (a one-GPU machine still runs every "gpu" case).
+TEST_CASE("[step1] NCCL: per-parameter averaging on two GPUs equals one full-batch step" *
+          doctest::test_suite("multi_gpu") * doctest::skip(!two_gpus_with_nccl())) {
+  const Data data(16);
+  const std::vector<torch::Tensor> reference = full_batch_sgd(data);
+  auto models = replicas(2);
+  std::vector<std::vector<torch::Tensor>> results(2);
+  dist::LaunchOptions options = launch(2);
+  options.backend = "nccl";
+  dist::run_ranks(options, [&](dist::Comm& comm) {
+    auto& model = models[comm.rank()];
+    model->to(comm.device());
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    sgd.zero_grad();
+    torch::mse_loss(model->forward(ddp::shard(data.x, comm.rank(), 2).to(comm.device())),
+                    ddp::shard(data.y, comm.rank(), 2).to(comm.device()))
+        .backward();
+    ddp::average_gradients(comm, model->parameters());
+    sgd.step();
+    for (const auto& p : model->parameters()) results[comm.rank()].push_back(p.detach().cpu());
+  });
+  for (int r = 0; r < 2; ++r) CHECK(rel_error(results[r], reference) <= 1e-5);
+}

@@ -1,0 +1,35 @@
+// Lesson 5 — given code (not an exercise), compiled into both the skeleton and the reference solution.
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+
+#include "lesson5_distributed/ddp.h"
+
+namespace ddp {
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  auto add = [&bytes](const at::Tensor& t) {
+    if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
+  };
+  for (const auto& entry : optimizer.state()) {
+    const torch::optim::OptimizerParamState* state = entry.second.get();
+    if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+      add(adam->exp_avg());
+      add(adam->exp_avg_sq());
+      add(adam->max_exp_avg_sq());
+    } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+      add(adamw->exp_avg());
+      add(adamw->exp_avg_sq());
+      add(adamw->max_exp_avg_sq());
+    } else if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+      add(sgd->momentum_buffer());
+    } else {
+      TORCH_CHECK(false, "optimizer_state_bytes: Adam, AdamW and SGD are supported");
+    }
+  }
+  return bytes;
+}
+
+}  // namespace ddp
