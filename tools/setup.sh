@@ -2,7 +2,21 @@
 # Installs what the workshop needs on Debian 12 / Ubuntu 22.04+ from the distribution's packages:
 # Bazel, LibTorch (CPU), doctest, OpenBLAS, Doxygen and the docs tools. Safe to run again: it installs only
 # what is missing. Needs root (runs apt-get through sudo when not root).
+#
+#   bash tools/setup.sh                # what the lessons, checks and docs need
+#   bash tools/setup.sh --bench-peer   # also PyTorch for Python (python3-torch), which only //bench uses:
+#                                      # it runs PyTorch's own implementations beside ours (bench/peer.py)
+# WORKSHOP_BENCH_PEER=1 does the same as --bench-peer.
 set -euo pipefail
+
+bench_peer=${WORKSHOP_BENCH_PEER:-0}
+for arg in "$@"; do
+  case $arg in
+    --bench-peer) bench_peer=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) printf '[setup] unknown argument %s (known: --bench-peer)\n' "$arg"; exit 1 ;;
+  esac
+done
 
 packages=(
   bazel-bootstrap      # Bazel 4 (Debian's build, works offline with the stand-ins in third_party/)
@@ -18,6 +32,11 @@ packages=(
   chromium             # the docs' browser check (headless)
   chromium-driver      # chromedriver, which drives it
 )
+if [[ $bench_peer == 1 ]]; then
+  # Only for //bench's PyTorch rows (Debian 12: 1.13, Debian 13: 2.6). Installed for /usr/bin/python3, the
+  # interpreter the bench asks by default (a python3 earlier on PATH, e.g. pyenv's, may not see it).
+  packages+=(python3-torch)
+fi
 
 say() { printf '[setup] %s\n' "$*"; }
 
@@ -53,4 +72,11 @@ fi
 command -v bazel >/dev/null || { say "bazel is not on PATH after installing bazel-bootstrap"; exit 1; }
 [[ -e /usr/include/torch/csrc/api/include/torch/torch.h ]] || say "note: Debian's LibTorch headers are missing; set LIBTORCH to another LibTorch (see README)"
 [[ -e /usr/include/doctest/doctest.h ]] || { say "doctest.h is missing"; exit 1; }
+if [[ $bench_peer == 1 ]]; then
+  if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    say "benchmark peer: PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') for /usr/bin/python3"
+  else
+    say "benchmark peer: /usr/bin/python3 cannot import torch after installing python3-torch"; exit 1
+  fi
+fi
 say "ready. Next: bazel run //:tour   (or: bazel test --config=ci //...)"
