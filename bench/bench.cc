@@ -392,10 +392,10 @@ void bench_scaler(Context& c) {
   };
   const std::vector<Path> paths{
       {"ours, plain ops (kPlain)", amp::KernelPath::kPlain,
-       "5 ops per gradient (isfinite, all, logical_not, masked_fill_, mul_): " + std::to_string(5 * c.scaler_tensors) +
-           " ops"},
+       "5 ops per gradient (`isfinite`, `all`, `logical_not`, `masked_fill_`, `mul_`): " +
+           std::to_string(5 * c.scaler_tensors) + " ops"},
       {"ours, fused ATen kernels (kFused)", amp::KernelPath::kFused,
-       "one _amp_foreach_non_finite_check_and_unscale_ over all gradients"}};
+       "one `_amp_foreach_non_finite_check_and_unscale_` over all gradients"}};
   for (const auto& path : paths) {
     ScalerRow row{path.name, {}, "", path.note};
     if (path.kernels == amp::KernelPath::kFused && !workshop::compat::has_fused_amp_kernels(c.device.type())) {
@@ -597,8 +597,9 @@ int main(int argc, char** argv) {
         " M elements (" + workshop::mib(4.0 * c.scaler_elements) + "). Napkin math: one pass reads and writes each "
         "gradient once, " + workshop::mib(min_bytes) + " per step; at the measured copy ceiling (" +
         fixed(c.copy_ceiling / 1e9, 1) + " GB/s) that is " + fixed(min_ms, 3) + " ms, the floor. The plain path "
-        "makes three passes (isfinite reads 4 B and writes 1 B per element, all reads 1 B, mul_ reads and writes "
-        "8 B: about 14 B per element) and one op per step per gradient and kind instead of one kernel.";
+        "makes three passes (`isfinite` reads 4 B and writes 1 B per element, `all` reads 1 B, `mul_` reads and "
+        "writes 8 B: about 14 B per element) and launches 5 ops per gradient where the fused path launches one "
+        "kernel for all of them.";
 
     workshop::Table ceilings("bench_ceilings", {"ceiling", "measured", "unit"});
     ceilings.add({"fp32 matmul", fixed(c.matmul_ceiling_fp32 / 1e9, 1), "GFLOP/s"});
