@@ -106,12 +106,28 @@ void Peer::run(const std::string& case_name, const std::string& spec) {
       row.max_ms = std::stod(f[4]);
       row.peak_bytes = f[5] == "-" ? -1 : std::stoll(f[5]);
       row.what = f[6];
-      rows_[f[1]] = row;
+      history_[f[1]].push_back(row);
     } else if (f[0] == "na" && f.size() >= 3) {
       PeerRow row;
       row.unavailable = f[2];
-      rows_[f[1]] = row;
+      history_[f[1]].push_back(row);
     }
+  }
+  for (const auto& entry : history_) {
+    const std::vector<PeerRow>& runs = entry.second;
+    PeerRow summary = runs.front();
+    summary.rounds = static_cast<int>(runs.size());
+    std::vector<double> medians;
+    for (const PeerRow& r : runs) {
+      if (!r.unavailable.empty()) summary.unavailable = r.unavailable;
+      medians.push_back(r.median_ms);
+      summary.min_ms = std::min(summary.min_ms, r.min_ms);
+      summary.max_ms = std::max(summary.max_ms, r.max_ms);
+    }
+    std::sort(medians.begin(), medians.end());
+    const size_t n = medians.size();
+    summary.median_ms = n % 2 ? medians[n / 2] : 0.5 * (medians[n / 2 - 1] + medians[n / 2]);
+    rows_[entry.first] = summary;
   }
   if (code == 3) {
     missing_ = (missing.empty() ? options_.python + " cannot import torch" : missing) + ". " + install_hint();

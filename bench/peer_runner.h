@@ -18,6 +18,7 @@ struct PeerRow {
   int64_t peak_bytes = -1;  ///< -1: not measured
   std::string what;         ///< the PyTorch API it used, e.g. "torch.autocast('cpu', bfloat16)"
   std::string unavailable;  ///< non-empty: PyTorch has no equivalent here, and why ("not available in 1.13 on CPU")
+  int rounds = 1;           ///< how many runs of the case it summarises (median of their medians)
 };
 
 /// How the peer is run.
@@ -41,7 +42,8 @@ class Peer {
   explicit Peer(PeerOptions options);
 
   /// Runs `peer.py --case=NAME --spec=SPEC` and stores its rows. Does nothing once the peer is known to be
-  /// missing (no torch for that interpreter, no interpreter, no script) or off.
+  /// missing (no torch for that interpreter, no interpreter, no script) or off. Run again (a later round), a
+  /// key's row becomes the median of the rounds' medians, with the smallest minimum and the largest maximum.
   void run(const std::string& case_name, const std::string& spec);
 
   /// The peer's row for `key`, or nullptr.
@@ -61,7 +63,8 @@ class Peer {
 
  private:
   PeerOptions options_;
-  std::map<std::string, PeerRow> rows_;
+  std::map<std::string, std::vector<PeerRow>> history_;  // every round's row per key
+  std::map<std::string, PeerRow> rows_;                  // their summary
   std::map<std::string, std::string> info_;
   std::string torch_version_, missing_, failure_;
 };
