@@ -458,6 +458,22 @@ std::string load_average() {
   return in >> first ? first : std::string();
 }
 
+// Whether a time difference is resolved by this run: the medians and the fastest steps must both put one side
+// ahead by more than 10% (where only medians exist, lesson 4: the two sides' min..max ranges must not overlap).
+// Anything else is "within noise": on a shared machine a bare median ratio is not evidence.
+std::string time_verdict(const workshop::Timing& ours, const bench::PeerRow& theirs) {
+  const double median = ours.median_ms / theirs.median_ms;
+  if (ours.samples_ms.empty()) {
+    if (ours.min_ms > theirs.max_ms) return "ours slower";
+    if (ours.max_ms < theirs.min_ms) return "ours faster";
+    return "within noise";
+  }
+  const double fastest = ours.min_ms / theirs.min_ms;
+  if (median > 1.1 && fastest > 1.1) return "ours slower";
+  if (median < 1 / 1.1 && fastest < 1 / 1.1) return "ours faster";
+  return "within noise";
+}
+
 std::string peak_cell(int64_t bytes) { return bytes < 0 ? "-" : workshop::mib(static_cast<double>(bytes)); }
 
 }  // namespace
@@ -509,6 +525,7 @@ int main(int argc, char** argv) {
     measure_ceilings(c);
     // Each case runs `rounds` times, ours and then PyTorch's each round, so that on a shared machine both sides
     // meet the same spells of other work; a row's time is the median of its rounds' medians.
+    double highest_load = load_start.empty() ? 0 : std::stod(load_start);
     const auto run_case = [&](void (*bench_case)(Context&)) {
       const size_t begin = c.rows.size(), scaler_begin = c.scaler_rows.size();
       std::vector<std::vector<double>> medians, scaler_medians;
@@ -544,6 +561,8 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < scaler_medians.size(); ++i) {
         c.scaler_rows[scaler_begin + i].timing.median_ms = median_of(scaler_medians[i]);
       }
+      const std::string load_now = load_average();
+      if (!load_now.empty()) highest_load = std::max(highest_load, std::stod(load_now));
       // Speed-ups against the first row of the same benchmark, from the summarised medians.
       for (size_t i = begin; i < c.rows.size(); ++i) {
         size_t base = begin;
@@ -577,9 +596,16 @@ int main(int argc, char** argv) {
     }
     const std::string load_end = load_average();
     const std::string load = load_start.empty() ? "unknown"
-                                                : load_start + " at the start, " + load_end + " at the end (" +
+                                                : load_start + " at the start, " + load_end + " at the end, " +
+                                                      fixed(highest_load, 2) + " at the highest between cases (" +
                                                       std::to_string(std::thread::hardware_concurrency()) +
                                                       " hardware threads)";
+    if (!load_start.empty() && highest_load > static_cast<double>(std::thread::hardware_concurrency())) {
+      c.notes.push_back("The machine was shared: a 1-minute load average up to " + fixed(highest_load, 2) + " on " +
+                        std::to_string(std::thread::hardware_concurrency()) +
+                        " hardware threads means other jobs ran during the measurements, so times move from run to "
+                        "run (see the verdict column). Peak bytes do not depend on load.");
+    }
     const std::string peer_state =
         peer.available() ? "PyTorch " + peer.torch_version() + " (" + peer.info().at("python") + ", " +
                                peer.info().at("threads") + " thread(s))"
@@ -609,12 +635,13 @@ int main(int argc, char** argv) {
     // Ours and PyTorch's, one line per workload.
     workshop::Table versus_table("bench_vs_pytorch",
                                  {"benchmark", "variant", "ours ms", "PyTorch ms", "time ours/PyTorch",
-                                  "fastest ours/PyTorch", "ours peak", "PyTorch peak", "peak ours/PyTorch",
-                                  "PyTorch code"});
+                                  "fastest ours/PyTorch", "time verdict", "ours peak", "PyTorch peak",
+                                  "peak ours/PyTorch", "PyTorch code"});
     for (const auto& r : c.rows) {
       if (r.key.empty()) continue;
       const bench::PeerRow* p = peer.find(r.key);
-      std::string theirs_ms = "-", time_ratio = "-", min_ratio = "-", theirs_peak = "-", peak_ratio = "-", what;
+      std::string theirs_ms = "-", time_ratio = "-", min_ratio = "-", verdict = "-", theirs_peak = "-", peak_ratio = "-",
+                  what;
       if (!peer.available() && p == nullptr) {
         what = "not run (" + (peer.missing().empty() ? std::string("peer failed") : std::string("peer not installed")) + ")";
       } else if (p == nullptr) {
@@ -626,13 +653,14 @@ int main(int argc, char** argv) {
         time_ratio = versus(r.timing.median_ms, p->median_ms, true);
         // Lesson 4's rows come from measure_training, which keeps only the median.
         if (!r.timing.samples_ms.empty()) min_ratio = fixed(r.timing.min_ms / p->min_ms, 2) + "x";
+        verdict = time_verdict(r.timing, *p);
         theirs_peak = peak_cell(p->peak_bytes);
         if (r.same_way_peak >= 0 && p->peak_bytes >= 0) {
           peak_ratio = versus(static_cast<double>(r.same_way_peak), static_cast<double>(p->peak_bytes), false);
         }
         what = p->what;
       }
-      versus_table.add({r.bench, r.variant, fixed(r.timing.median_ms, 2), theirs_ms, time_ratio, min_ratio,
+      versus_table.add({r.bench, r.variant, fixed(r.timing.median_ms, 2), theirs_ms, time_ratio, min_ratio, verdict,
                         peak_cell(r.same_way_peak), theirs_peak, peak_ratio, what});
     }
     // The scaler alone, with its napkin math: the least a pass over the gradients moves is one read and one
@@ -752,12 +780,14 @@ int main(int argc, char** argv) {
       md << "\n<b>Ours and PyTorch's, same workloads, same run.</b> The PyTorch side is `bench/peer.py`, started by "
             "the bench with the same sizes, seeds, thread count and device. Time: median step, both sides timed "
             "the same way; the fastest step's ratio beside it is less sensitive to other work on a shared machine "
-            "(lesson 4's measurement keeps only our median: no such ratio there). Peak: "
+            "(lesson 4's measurement keeps only our median: no such ratio there). The verdict calls a difference "
+            "resolved only when the median and the fastest-step ratios both exceed 10% the same way (lesson 4: when "
+            "the two sides' min..max ranges do not overlap); otherwise it is within this run's noise. Peak: "
          << bench::same_way_peak_method(c.device)
          << " (our own meter's numbers are in the note column above). A ratio above 1 means ours is slower or "
             "holds more.\n\n";
       md_table({"benchmark", "variant", "ours ms", "PyTorch ms", "time ours/PyTorch", "fastest ours/PyTorch",
-                "ours peak", "PyTorch peak", "peak ours/PyTorch", "PyTorch code"},
+                "time verdict", "ours peak", "PyTorch peak", "peak ours/PyTorch", "PyTorch code"},
                versus_table);
       if (!c.scaler_rows.empty()) {
         md << "\n<b>The GradScaler's own cost.</b> " << scaler_napkin << "\n\n";

@@ -35,7 +35,9 @@ if /usr/bin/python3 -c 'import torch' > /dev/null 2>&1; then
   l2=$(grep -cE '^\| lesson 2: accumulation \| K=[0-9]+ [^|]*\| [0-9.]+ \| [0-9.]+ \| [0-9.]+x ' "$out/bench_cpu.md")
   check "3 lesson-2 lines with PyTorch's time and a ratio (got $l2)" test "$l2" -eq 3
   check "the peer's peaks are measured (lesson 4 plain)" \
-    grep -qE '^\| lesson 4: memory \| plain \| [0-9.]+ \| [0-9.]+ \|[^|]*\|[^|]*\| [0-9.]+ MiB \| [0-9.]+ MiB \|' "$out/bench_cpu.md"
+    grep -qE '^\| lesson 4: memory \| plain \| [0-9.]+ \| [0-9.]+ \|([^|]*\|){3} [0-9.]+ MiB \| [0-9.]+ MiB \|' "$out/bench_cpu.md"
+  verdicts=$(grep -cE '\| (within noise|ours slower|ours faster) \|' "$out/bench_cpu.md")
+  check "every compared line has a time verdict (got $verdicts of 9)" test "$verdicts" -eq 9
 else
   echo "-- /usr/bin/python3 has no torch: expecting the 'not installed' message"
   check "the log says the peer did not run" grep -q "PyTorch peer: NOT RUN: .*cannot import torch" "$tmp/full.log"
