@@ -14,6 +14,10 @@
 //
 // With --out_dir it writes DIR/bench_<device kind>.csv (machine-readable) and DIR/bench_<device kind>.md
 // (Markdown tables headed by device, LibTorch and PyTorch versions, date and command), which docs/results/ keeps.
+// CSV: one line per implementation and workload; impl is ours or pytorch; ratio is ours' speed-up over the
+// benchmark's first variant (ours lines), ours_over_pytorch_time is our median over PyTorch's (pytorch lines);
+// peak_or_bytes is our meter's peak (or the napkin bytes of the scaler), same_way_peak_bytes the peak both sides
+// measure the same way (bench/peer_runner.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -719,7 +723,7 @@ int main(int argc, char** argv) {
       const std::string threads = std::to_string(at::get_num_threads());
       workshop::Table csv("bench_" + kind, {"benchmark", "variant", "impl", "median_ms", "min_ms", "max_ms", "flops",
                                             "peak_or_bytes", "same_way_peak_bytes", "ceiling_flops_per_s", "ceiling",
-                                            "ratio", "note", "device", "libtorch", "pytorch_version", "threads", "date",
+                                            "ratio", "ours_over_pytorch_time", "note", "device", "libtorch", "pytorch_version", "threads", "date",
                                             "command"});
       const auto add = [&](const std::vector<std::string>& cells) {
         std::vector<std::string> row = cells;
@@ -730,15 +734,15 @@ int main(int argc, char** argv) {
         add({r.bench, r.variant, "ours", fixed(r.timing.median_ms, 4), fixed(r.timing.min_ms, 4),
              fixed(r.timing.max_ms, 4), fixed(r.flops, 0), fixed(r.bytes, 0),
              r.same_way_peak < 0 ? "" : std::to_string(r.same_way_peak), fixed(r.ceiling, 0), r.ceiling_name,
-             fixed(r.ratio, 4), r.note});
+             fixed(r.ratio, 4), "", r.note});
         const bench::PeerRow* p = r.key.empty() ? nullptr : peer.find(r.key);
         if (p == nullptr) continue;
         if (!p->unavailable.empty()) {
-          add({r.bench, r.variant, "pytorch", "", "", "", "", "", "", "", "", "", p->unavailable});
+          add({r.bench, r.variant, "pytorch", "", "", "", "", "", "", "", "", "", "", p->unavailable});
         } else {
           add({r.bench, r.variant, "pytorch", fixed(p->median_ms, 4), fixed(p->min_ms, 4), fixed(p->max_ms, 4),
                fixed(r.flops, 0), p->peak_bytes < 0 ? "" : std::to_string(p->peak_bytes),
-               p->peak_bytes < 0 ? "" : std::to_string(p->peak_bytes), "", "",
+               p->peak_bytes < 0 ? "" : std::to_string(p->peak_bytes), "", "", "",
                fixed(r.timing.median_ms / p->median_ms, 4), p->what});
         }
       }
@@ -746,11 +750,11 @@ int main(int argc, char** argv) {
         const bool theirs = s.name.rfind("PyTorch", 0) == 0;
         if (!s.unavailable.empty()) {
           add({"GradScaler cost", s.name, theirs ? "pytorch" : "ours", "", "", "", "", fixed(min_bytes, 0), "",
-               fixed(c.copy_ceiling, 0), "memory copy", "", s.unavailable});
+               fixed(c.copy_ceiling, 0), "memory copy", "", "", s.unavailable});
         } else {
           add({"GradScaler cost", s.name, theirs ? "pytorch" : "ours", fixed(s.timing.median_ms, 4),
                fixed(s.timing.min_ms, 4), fixed(s.timing.max_ms, 4), "0", fixed(min_bytes, 0), "",
-               fixed(c.copy_ceiling, 0), "memory copy", fixed(plain_ms / s.timing.median_ms, 4), s.note});
+               fixed(c.copy_ceiling, 0), "memory copy", fixed(plain_ms / s.timing.median_ms, 4), "", s.note});
         }
       }
       csv.emit(out_dir, /*print=*/false);
