@@ -1,14 +1,74 @@
 #!/usr/bin/env bash
-# The benchmark harness runs end to end (tiny sizes, CPU) and writes its CSV and Markdown results.
-set -euo pipefail
-out=${TEST_TMPDIR:-/tmp}/bench_smoke
-"$1" --device=cpu --quick --out_dir="$out"
+# The benchmark harness runs end to end (tiny sizes, CPU) and writes its CSV and Markdown results; the PyTorch
+# peer's rows are there when /usr/bin/python3 has torch, and the bench says "not installed" (and still
+# succeeds) when the interpreter has none or does not exist.
+set -uo pipefail
+bench=$1
+tmp=${TEST_TMPDIR:-/tmp}
 fail=0
-for f in bench_cpu.csv bench_cpu.md; do [[ -s $out/$f ]] || { echo "missing $out/$f"; fail=1; }; done
-rows=$(($(wc -l < "$out/bench_cpu.csv") - 1))
+check() {  # check DESCRIPTION COMMAND...: one line per failed expectation
+  local what=$1
+  shift
+  "$@" || { echo "FAIL: $what"; fail=1; }
+}
+
+# 1. The full quick run with the default interpreter.
+out=$tmp/bench_smoke
+"$bench" --device=cpu --quick --out_dir="$out" > "$tmp/full.log" 2>&1
+status=$?
+cat "$tmp/full.log"
+check "the bench exits 0 (got $status)" test "$status" -eq 0
+for f in bench_cpu.csv bench_cpu.md; do check "$out/$f is written" test -s "$out/$f"; done
+ours=$(grep -c ',ours,' "$out/bench_cpu.csv")
 # 2 lesson-1 variants on CPU, 3 lesson-2 K values, 2 lesson-3 loops, 4 lesson-4 recipes, 4 lesson-5 variants
-[[ $rows -ge 15 ]] || { echo "expected >= 15 result rows, got $rows"; fail=1; }
-grep -q "lesson 5: data parallel (N=2),ZeRO-1" "$out/bench_cpu.csv" || { echo "no lesson 5 ZeRO-1 row"; fail=1; }
-grep -q "Device: " "$out/bench_cpu.md" || { echo "the Markdown table does not name the device"; fail=1; }
+# (2 ranks in --quick), 2 scaler paths
+check "at least 17 of our rows (got $ours)" test "$ours" -ge 17
+check "a lesson 5 ZeRO-1 row" grep -q "^lesson 5: data parallel (N=2),ZeRO-1" "$out/bench_cpu.csv"
+check "the Markdown names the device" grep -q "Device: " "$out/bench_cpu.md"
+check "the Markdown has the side-by-side table" grep -q "| time ours/PyTorch |" "$out/bench_cpu.md"
+check "the Markdown has the scaler's napkin math" grep -q "the floor" "$out/bench_cpu.md"
+if /usr/bin/python3 -c 'import torch' > /dev/null 2>&1; then
+  echo "-- /usr/bin/python3 has torch: expecting the peer's rows"
+  theirs=$(grep -c ',pytorch,' "$out/bench_cpu.csv")
+  # lesson 1: 2, lesson 2: 3, lesson 4: 4, scaler: 1 (a time, or the reason it is not available)
+  check "at least 10 PyTorch rows in the CSV (got $theirs)" test "$theirs" -ge 10
+  check "the Markdown names PyTorch's version" grep -q "^Peer: PyTorch [0-9]" "$out/bench_cpu.md"
+  # Every lesson-2 line of the side-by-side table has a PyTorch time and a time ratio.
+  l2=$(grep -cE '^\| lesson 2: accumulation \| K=[0-9]+ [^|]*\| [0-9.]+ \| [0-9.]+ \| [0-9.]+x ' "$out/bench_cpu.md")
+  check "3 lesson-2 lines with PyTorch's time and a ratio (got $l2)" test "$l2" -eq 3
+  check "the peer's peaks are measured (lesson 4 plain)" \
+    grep -qE '^\| lesson 4: memory \| plain \| [0-9.]+ \| [0-9.]+ \|([^|]*\|){3} [0-9.]+ MiB \| [0-9.]+ MiB \|' "$out/bench_cpu.md"
+  verdicts=$(grep -cE '\| (within noise|ours slower|ours faster) \|' "$out/bench_cpu.md")
+  check "every compared line has a time verdict (got $verdicts of 9)" test "$verdicts" -eq 9
+else
+  echo "-- /usr/bin/python3 has no torch: expecting the 'not installed' message"
+  check "the log says the peer did not run" grep -q "PyTorch peer: NOT RUN: .*cannot import torch" "$tmp/full.log"
+  check "the Markdown says the peer did not run" grep -q "^Peer: PyTorch peer NOT RUN" "$out/bench_cpu.md"
+fi
+
+# 2. An interpreter that exists but cannot import torch: Python without its site packages.
+if [[ -x /usr/bin/python3 ]]; then
+  printf '#!/bin/sh\nexec /usr/bin/python3 -S "$@"\n' > "$tmp/python_without_torch"
+  chmod +x "$tmp/python_without_torch"
+  out2=$tmp/bench_smoke_no_torch
+  "$bench" --device=cpu --quick --cases=l2 --peer_python="$tmp/python_without_torch" --out_dir="$out2" \
+    > "$tmp/no_torch.log" 2>&1
+  status=$?
+  cat "$tmp/no_torch.log"
+  check "without torch the bench still exits 0 (got $status)" test "$status" -eq 0
+  check "without torch the log says so" grep -q "PyTorch peer: NOT RUN: .*cannot import torch" "$tmp/no_torch.log"
+  check "without torch the log says how to install it" grep -q "tools/setup.sh --bench-peer" "$tmp/no_torch.log"
+  check "without torch the Markdown says so" grep -q "^Peer: PyTorch peer NOT RUN" "$out2/bench_cpu.md"
+  check "without torch no PyTorch row is written" test "$(grep -c ',pytorch,' "$out2/bench_cpu.csv")" -eq 0
+  check "without torch our rows are still there" test "$(grep -c ',ours,' "$out2/bench_cpu.csv")" -eq 3
+fi
+
+# 3. No interpreter at all.
+"$bench" --device=cpu --quick --cases=l2 --peer_python=/nonexistent/python3 > "$tmp/no_python.log" 2>&1
+status=$?
+cat "$tmp/no_python.log"
+check "without an interpreter the bench still exits 0 (got $status)" test "$status" -eq 0
+check "without an interpreter the log names it" grep -q "no Python interpreter at /nonexistent/python3" "$tmp/no_python.log"
+
 echo "$(( fail == 0 ? 1 : 0 )) passed, $fail failed"
 exit $fail

@@ -358,8 +358,12 @@ def main():
     page += ["## Benchmarks, side by side {#results_bench}", "",
              "`bazel run //bench -- --out_dir=DIR` runs every lesson's baseline and improved variants in one "
              "process, warmed up, repeated and synchronised, and measures the device's matmul and copy ceilings in "
-             "the same run, so that each speed is also a fraction of what the device can do. These tables were "
-             "recorded with it and committed to `docs/results/bench/`.", ""]
+             "the same run, so that each speed is also a fraction of what the device can do. In the same run it "
+             "times PyTorch's own implementations of the same techniques from Python (`bench/peer.py`: "
+             "`torch.autocast`, PyTorch's GradScaler, the accumulation loop, `checkpoint_sequential`) on the same "
+             "workloads, seeds, threads and device, and puts ours and theirs side by side; the GradScaler's own "
+             "cost gets its napkin math. These tables were recorded with it and committed to "
+             "`docs/results/bench/`.", ""]
     if not args.bench:
         page += ["No benchmark run has been recorded yet.", ""]
     for path in sorted(args.bench):

@@ -81,6 +81,9 @@ tar czf "$out/csv.tar.gz" -C "$csv" . && rm -rf "$csv"
 say "running the benchmarks"
 extra=()
 [[ $kind == best ]] && extra=(--quick)
+# The PyTorch peer rows: the python3 whose PyTorch the build's LibTorch came from (not /usr/bin/python3, the
+# bench's default, which on such a machine may have no torch).
+command -v python3 >/dev/null && extra+=(--peer_python="$(command -v python3)")
 "${bazel[@]}" run "${flags[@]}" //bench -- --device="$kind" --out_dir="$out" "${extra[@]}" >> "$out/demos.log" 2>&1 \
   || { say "FAIL: //bench"; status=1; }
 say "done, status $status; results in $out"

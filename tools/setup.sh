@@ -2,16 +2,31 @@
 # Installs what the workshop needs on Debian 12 (bookworm) or Debian 13 (trixie) from Debian's packages:
 # Bazel, LibTorch (CPU), doctest, OpenBLAS, Doxygen and the docs tools. Safe to run again: it installs only
 # what is missing. Needs root (runs apt-get through sudo when not root).
-#   bash tools/setup.sh          install what is missing
-#   bash tools/setup.sh --list   print the package names, one per line, and exit
+#
+#   bash tools/setup.sh                # what the lessons, checks and docs need
+#   bash tools/setup.sh --bench-peer   # also PyTorch for Python (python3-torch), which only //bench uses:
+#                                      # it runs PyTorch's own implementations beside ours (bench/peer.py)
+#   bash tools/setup.sh --list         # print the package names, one per line, and exit
+# WORKSHOP_BENCH_PEER=1 does the same as --bench-peer.
 set -euo pipefail
+
+bench_peer=${WORKSHOP_BENCH_PEER:-0}
+list_only=0
+for arg in "$@"; do
+  case $arg in
+    --bench-peer) bench_peer=1 ;;
+    --list) list_only=1 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) printf '[setup] unknown argument %s (known: --bench-peer, --list)\n' "$arg"; exit 1 ;;
+  esac
+done
 
 packages=(
   bazel-bootstrap      # Bazel 4 (Debian's build, works offline with the stand-ins in third_party/)
   bazel-rules-java     # Bazel's Java rules, which Bazel asks for even in a C++-only workspace
   g++                  # the C++ compiler Bazel finds
   python3              # the maintainer checks and repository rules
-  libtorch-dev         # LibTorch 1.13 (CPU), headers and libraries
+  libtorch-dev         # LibTorch (CPU; 1.13 on Debian 12, 2.6 on Debian 13), headers and libraries
   libgloo-dev          # Gloo's headers, which LibTorch's c10d ProcessGroupGloo.hpp includes (lesson 5)
   libopenblas0-pthread # fast BLAS for LibTorch's CPU matmuls (about 10x the reference BLAS)
   doctest-dev          # the test framework (a single header)
@@ -21,10 +36,15 @@ packages=(
   chromium             # the docs' browser check (headless)
   chromium-driver      # chromedriver, which drives it
 )
+if [[ $bench_peer == 1 ]]; then
+  # Only for //bench's PyTorch rows (Debian 12: 1.13, Debian 13: 2.6). Installed for /usr/bin/python3, the
+  # interpreter the bench asks by default (a python3 earlier on PATH, e.g. pyenv's, may not see it).
+  packages+=(python3-torch)
+fi
 
 say() { printf '[setup] %s\n' "$*"; }
 
-if [[ ${1:-} == --list ]]; then
+if ((list_only)); then
   printf '%s\n' "${packages[@]}"
   exit 0
 fi
@@ -61,4 +81,11 @@ fi
 command -v bazel >/dev/null || { say "bazel is not on PATH after installing bazel-bootstrap"; exit 1; }
 [[ -e /usr/include/torch/csrc/api/include/torch/torch.h ]] || say "note: Debian's LibTorch headers are missing; set LIBTORCH to another LibTorch (see README)"
 [[ -e /usr/include/doctest/doctest.h ]] || { say "doctest.h is missing"; exit 1; }
+if [[ $bench_peer == 1 ]]; then
+  if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    say "benchmark peer: PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') for /usr/bin/python3"
+  else
+    say "benchmark peer: /usr/bin/python3 cannot import torch after installing python3-torch"; exit 1
+  fi
+fi
 say "ready. Next: bazel run //:tour   (or: bazel test --config=ci //...)"

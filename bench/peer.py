@@ -1,0 +1,387 @@
+"""The PyTorch peer of //bench: the same workloads as the C++ rows, run with PyTorch's own implementations.
+
+//bench (bench/bench.cc) runs this script once per case as a subprocess, with the exact sizes, seed, thread
+count and device of its own rows, and merges what it prints into its tables:
+
+    python3 bench/peer.py --device=cpu --threads=1 --case=l1 --spec=width=1024,depth=4,batch=512,...
+
+Each case mirrors one C++ case line by line (same model, same initialisation seed, same data, same optimizer,
+same warm-up and repetitions, same timer: synchronise, clock, work, synchronise, clock; the median):
+  l1      lesson 1's AMP step: torch.autocast and, for float16, the GradScaler the version has for the device
+  l2      lesson 2's accumulation loop (per micro-batch loss weighted by its share of the window)
+  l4      lesson 4's recipes: torch.utils.checkpoint.checkpoint_sequential with the same number of segments
+  scaler  the GradScaler's own cost: scale + unscale_ + step + update over many parameter tensors
+  l5      (seam) lesson 5's DistributedDataParallel on gloo, once lesson 5 exists: add a function case_l5
+          below that spawns the same number of ranks on a FileStore, and a bench_lesson5 in bench.cc that
+          calls run_peer(c, "l5", ...). Until then --case=l5 says that it does not exist yet.
+
+Peak bytes. On CUDA: the caching allocator's statistics (peak minus what was allocated at the start), as the
+C++ meter reads them. On CPU: the CPU allocator's allocation and free events from the legacy profiler
+(profile_memory): their running sum over one step, maximum minus start (see cpu_peak_bytes). bench.cc measures its own rows the
+same way (and also with its counting allocator), so both sides report the same quantity.
+
+Output, one line per record on stdout, tab-separated:
+  info    KEY VALUE                   (torch version, threads, python)
+  row     KEY MEDIAN_MS MIN_MS MAX_MS PEAK_BYTES_OR_- WHAT
+  na      KEY REASON                  (no PyTorch equivalent in this version/device)
+Exit status 3 with one `missing REASON` line when torch cannot be imported: the bench reports the peer as
+not installed instead of failing.
+"""
+
+import argparse
+import contextlib
+import sys
+import time
+
+
+def emit(*fields):
+    print("\t".join(str(f).replace("\t", " ").replace("\n", " ") for f in fields), flush=True)
+
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint_sequential
+except Exception as error:  # ImportError, or a broken install (missing shared library, ...)
+    emit("missing", "%s cannot import torch (%s: %s)" % (sys.executable, type(error).__name__, error))
+    sys.exit(3)
+
+
+def version_at_least(major, minor):
+    parts = torch.__version__.split(".")
+    return (int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)) >= (major, minor)
+
+
+def short_version():
+    return ".".join(torch.__version__.split(".")[:2])
+
+
+# ---- timing and peak bytes --------------------------------------------------------------------------------
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_repeated(device, work, warmup, repeats):
+    """workshop::time_repeated in Python: untimed warm-ups, then synchronised repetitions; median, min, max."""
+    for _ in range(warmup):
+        work()
+    samples = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        work()
+        synchronize(device)
+        samples.append((time.perf_counter() - start) * 1e3)
+    samples.sort()
+    n = len(samples)
+    median = samples[n // 2] if n % 2 else 0.5 * (samples[n // 2 - 1] + samples[n // 2])
+    return median, samples[0], samples[-1]
+
+
+def _legacy_profiler_config():
+    # The legacy profiler records every CPU allocation and free (with its size) in order; the Kineto-based
+    # torch.profiler folds them into per-op totals, which hides a temporary freed inside an op.
+    from torch.autograd import profiler_legacy
+    return profiler_legacy.profile(profile_memory=True).config()
+
+
+MARKER = "bench_peak_window"
+
+
+def cpu_peak_bytes(work, between=None):
+    """The highest running sum of CPU allocations minus frees during one work() (bytes above its start).
+
+    The profiler reports the free of a block only if it saw the block's allocation, so work() runs twice under
+    it and the second run, inside a marker range, is the one measured: whatever a step frees (last step's
+    gradients, say) was then allocated under the profiler."""
+    torch.autograd._enable_profiler_legacy(_legacy_profiler_config())
+    try:
+        work()
+        if between is not None:
+            between()
+        with torch.autograd.profiler.record_function(MARKER):
+            work()
+    finally:
+        records = torch.autograd._disable_profiler_legacy()
+    # A pop event carries its push's handle, not always its name: find the marker's handle first.
+    marker = [e.handle() for thread in records for e in thread if e.kind() == "push" and e.name() == MARKER]
+    if not marker:
+        raise RuntimeError("the profiler did not record the measured range")
+    events = [e for thread in records for e in thread
+              if e.kind() == "memory_alloc" or (e.kind() in ("push", "pop") and e.handle() == marker[0])]
+    origin = events[0]
+    events.sort(key=lambda e: origin.cpu_elapsed_us(e))
+    current = base = peak = 0
+    inside = False
+    for e in events:
+        if e.kind() == "push":
+            inside, base = True, current
+        elif e.kind() == "pop":
+            inside = False
+        else:
+            current += e.cpu_memory_usage()
+            if inside:
+                peak = max(peak, current - base)
+    return peak
+
+
+def peak_bytes(device, work, between=None):
+    """Peak bytes of one work(); `between` runs before the measured run (as in bench/peer_runner.h)."""
+    if device.type == "cuda":
+        if between is not None:
+            between()
+        synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        work()
+        synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    return cpu_peak_bytes(work, between)
+
+
+def how_peak_measured(device):
+    return ("CUDA allocator stats" if device.type == "cuda"
+            else "legacy-profiler allocation events")
+
+
+def row(key, timing, peak, what):
+    emit("row", key, "%.4f" % timing[0], "%.4f" % timing[1], "%.4f" % timing[2],
+         "-" if peak is None else int(peak), what)
+
+
+def grad_scaler_for(device, **options):
+    """PyTorch's GradScaler for the device, or (None, reason) where this version has none."""
+    if version_at_least(2, 3) and hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler(device.type, **options), "torch.amp.GradScaler('%s')" % device.type
+    if device.type == "cuda":
+        return torch.cuda.amp.GradScaler(**options), "torch.cuda.amp.GradScaler()"
+    return None, "not available in %s on CPU" % short_version()  # CPU kernels arrived in 2.3
+
+
+# ---- cases ------------------------------------------------------------------------------------------------
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def case_l1(device, spec):
+    """bench_lesson1: MLP of depth x (Linear(width, width), ReLU), batch, SGD(lr 1e-4), mse loss."""
+    width, depth, batch = int(spec["width"]), int(spec["depth"]), int(spec["batch"])
+    warmup, repeats = int(spec["warmup"]), int(spec["repeats"])
+    for key in spec["variants"].split("+"):
+        torch.manual_seed(0)
+        layers = []
+        for _ in range(depth):
+            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers).to(device)
+        x = torch.randn(batch, width, device=device)
+        y = torch.randn(batch, width, device=device)
+        sgd = torch.optim.SGD(model.parameters(), lr=1e-4)
+        autocast = key in DTYPES
+        dtype = DTYPES.get(key, torch.float32)
+        scaler, scaler_what = None, ""
+        if key == "fp16":
+            scaler, scaler_what = grad_scaler_for(device)
+            if scaler is None:
+                emit("na", "l1." + key, "GradScaler " + scaler_what)
+                continue
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = key == "tf32"
+
+        def step():
+            # LibTorch's Optimizer::zero_grad() zeroes in 1.13 and sets to none from 2.0, as Python's does:
+            # the Python default of the same version is the same choice.
+            sgd.zero_grad()
+            # 1.13's torch.autocast rejects float32 even when disabled: no context at all for float32.
+            with torch.autocast(device.type, dtype=dtype) if autocast else contextlib.nullcontext():
+                loss = F.mse_loss(model(x).float(), y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(sgd)
+                scaler.update()
+            else:
+                loss.backward()
+                sgd.step()
+
+        timing = time_repeated(device, step, warmup, repeats)
+        peak = peak_bytes(device, step)
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False
+        what = ("torch.autocast('%s', %s)" % (device.type, str(dtype).replace("torch.", "")) if autocast
+                else "float32" + (" (allow_tf32)" if key == "tf32" else ""))
+        if scaler is not None:
+            what += " + " + scaler_what
+        row("l1." + key, timing, peak, what)
+
+
+def case_l2(device, spec):
+    """bench_lesson2: Linear(256, w), ReLU, Linear(w, w), ReLU, Linear(w, 16); SGD(1e-4); K micro-batches."""
+    batch, width = int(spec["batch"]), int(spec["width"])
+    warmup, repeats = int(spec["warmup"]), int(spec["repeats"])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                torch.nn.ReLU(), torch.nn.Linear(width, 16)).to(device)
+    x = torch.randn(batch, 256, device=device)
+    y = torch.randn(batch, 16, device=device)
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-4)
+    for k in [int(v) for v in spec["ks"].split("+")]:
+        micro = list(zip(x.split(batch // k), y.split(batch // k)))
+
+        def window():
+            sgd.zero_grad()
+            total = sum(xb.shape[0] for xb, _ in micro)
+            for xb, yb in micro:
+                # Each micro-batch's mean loss weighted by its share of the window: the gradients add up to
+                # the whole window's. backward() per micro-batch frees its activations before the next one.
+                (F.mse_loss(model(xb), yb) * (xb.shape[0] / total)).backward()
+            sgd.step()
+
+        window()  # warm-up, allocates .grad
+        peak = peak_bytes(device, window)
+        timing = time_repeated(device, window, warmup, repeats)
+        row("l2.k%d" % k, timing, peak, "loop of %d backward() calls, one SGD step" % k)
+
+
+class Block(torch.nn.Module):
+    """lesson4_memory's Block: Linear -> GELU -> dropout(p)."""
+
+    def __init__(self, width, dropout):
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+        self.dropout = dropout
+
+    def forward(self, x):
+        h = F.gelu(self.linear(x))
+        return F.dropout(h, self.dropout, self.training) if self.dropout > 0 else h
+
+
+def checkpoint_mode():
+    """How this version's checkpoint_sequential is called so that every segment's parameters get gradients."""
+    import inspect
+    if "use_reentrant" in inspect.signature(checkpoint_sequential).parameters:
+        return "non-reentrant"  # 2.x: use_reentrant=False, the mode PyTorch recommends
+    return "reentrant"  # 1.13: reentrant only; the input must require grad or segment 1 gets no gradients
+
+
+def case_l4(device, spec):
+    """mem::measure_training: 32 Blocks, Adam(1e-3), one warm-up step, gradients to none, timed steps."""
+    layers, width, batch = int(spec["layers"]), int(spec["width"]), int(spec["batch"])
+    timed = int(spec["timed"])
+    mode = checkpoint_mode()
+    for variant in spec["recipes"].split("+"):
+        micro_batch, segments, low = (int(v) for v in variant.split(":"))
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[Block(width, 0.0) for _ in range(layers)]).to(device)
+        torch.manual_seed(1)
+        inputs = torch.randn(batch, width).to(device)
+        targets = torch.randn(batch, width).mul(0.5).to(device)
+        adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step():
+            adam.zero_grad(set_to_none=True)
+            rows = inputs.shape[0]
+            micro = rows if micro_batch == 0 else min(micro_batch, rows)
+            total = 0.0
+            for start in range(0, rows, micro):
+                n = min(micro, rows - start)
+                chunk = inputs.narrow(0, start, n)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(low)):
+                    if segments == 1:
+                        out = model(chunk)
+                    elif mode == "non-reentrant":
+                        out = checkpoint_sequential(model, segments, chunk, use_reentrant=False)
+                    else:
+                        out = checkpoint_sequential(model, segments, chunk.detach().requires_grad_())
+                    loss = F.mse_loss(out.float(), targets.narrow(0, start, n)) * (n / rows)
+                del out
+                loss.backward()
+                total += loss.item()
+            adam.step()
+            return total
+
+        step()  # warm-up: creates Adam's state
+        adam.zero_grad(set_to_none=True)
+        synchronize(device)
+        timing = time_repeated(device, step, 0, timed)
+        adam.zero_grad(set_to_none=True)
+        peak = peak_bytes(device, step, lambda: adam.zero_grad(set_to_none=True))
+        what = []
+        if segments > 1:
+            what.append("checkpoint_sequential(%d segments, %s)" % (segments, mode))
+        if low:
+            what.append("torch.autocast bfloat16")
+        if micro_batch:
+            what.append("%d micro-batches" % ((batch + micro_batch - 1) // micro_batch))
+        row("l4.%s" % variant.replace(":", "_"), timing, peak, ", ".join(what) or "plain")
+
+
+class NoopOptimizer(torch.optim.Optimizer):
+    """An optimizer whose step does nothing: the scaler's own cost is measured without a parameter update."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    def step(self, closure=None):
+        return None
+
+
+def case_scaler(device, spec):
+    """The scaler alone: scale + unscale_ + step (no-op optimizer) + update over `tensors` gradients."""
+    layers, width = int(spec["layers"]), int(spec["width"])
+    warmup, repeats = int(spec["warmup"]), int(spec["repeats"])
+    # init_scale 1: unscaling over and over keeps the gradients' values (no drift into subnormals, which
+    # would slow the CPU down); the work per step is the same for any scale.
+    scaler, what = grad_scaler_for(device, init_scale=1.0)
+    if scaler is None:
+        emit("na", "scaler.pytorch", what)
+        return
+    torch.manual_seed(0)
+    params = []
+    for _ in range(layers):
+        params += [torch.nn.Parameter(torch.randn(width, width, device=device)),
+                   torch.nn.Parameter(torch.randn(width, device=device))]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = NoopOptimizer(params)
+    loss = torch.ones((), device=device)
+
+    def step():
+        scaler.scale(loss)
+        scaler.step(optimizer)  # unscale_ (fused kernel), one .item() sync, then the (no-op) step
+        scaler.update()
+
+    timing = time_repeated(device, step, warmup, repeats)
+    row("scaler.pytorch", timing, None, what + ", %d tensors" % len(params))
+
+
+def case_l5(device, spec):
+    raise SystemExit("peer.py: lesson 5 (DistributedDataParallel on gloo) does not exist yet; see the module "
+                     "docstring for where its peer goes")
+
+
+CASES = {"l1": case_l1, "l2": case_l2, "l4": case_l4, "scaler": case_scaler, "l5": case_l5}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, required=True, help="torch.set_num_threads, as the C++ side")
+    parser.add_argument("--case", required=True, choices=sorted(CASES))
+    parser.add_argument("--spec", default="", help="comma-separated key=value sizes of the case")
+    args = parser.parse_args()
+    spec = dict(item.split("=", 1) for item in args.spec.split(",") if item)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        emit("missing", "%s: torch %s has no usable CUDA device" % (sys.executable, torch.__version__))
+        sys.exit(3)
+    torch.set_num_threads(args.threads)
+    emit("info", "torch", torch.__version__)
+    emit("info", "threads", torch.get_num_threads())
+    emit("info", "python", "%s %d.%d.%d" % ((sys.executable,) + tuple(sys.version_info[:3])))
+    emit("info", "peak", how_peak_measured(device))
+    CASES[args.case](device, spec)
+
+
+if __name__ == "__main__":
+    main()
