@@ -473,7 +473,8 @@ void bench_lesson5(Context& c, const std::vector<int>& world_sizes) {
                                workshop::mib(r.payload_bytes_per_step) + ", napkin " +
                                workshop::mib(r.napkin_bytes_per_step) + " sent/rank (" + fixed(comm_floor_ms, 2) +
                                " ms at the loopback ceiling); optimizer state " +
-                               workshop::mib(static_cast<double>(r.optimizer_state_bytes)) + "/rank"});
+                               workshop::mib(static_cast<double>(r.optimizer_state_bytes)) + "/rank",
+                           /*key=*/"", /*same_way_peak=*/-1});
     }
   }
 }
