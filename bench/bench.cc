@@ -95,7 +95,7 @@ void set_tf32(bool on) {
   at::globalContext().setAllowTF32CuBLAS(on);
 }
 
-// Whether this LibTorch runs float16 autocast on the bench's device (CUDA always; CPU from 2.1).
+// Whether this LibTorch runs float16 autocast on the bench's device (CUDA always; CPU from 2.3, see compat.h).
 bool fp16_autocast(const Context& c) {
   return c.device.is_cuda() || workshop::compat::cpu_autocast_supports(torch::kHalf);
 }
