@@ -268,18 +268,18 @@ TEST_CASE("[step5] several optimizers on one scaler: each steps on its own unsca
   CHECK(max_abs_diff(a.params(), ref_a.params()) <= 1e-6);
   CHECK(max_abs_diff(b.params(), ref_b.params()) <= 1e-6);
 
-  // Next iteration (update() between them): an inf only in b's gradients skips b, not a.
-  scaler.update();
+  // Another iteration (a fresh scaler: update() is step 6): an inf only in b's gradients skips b, not a.
+  amp::GradScaler second = make_scaler(1024.0);
   sgd_a.zero_grad();
   sgd_b.zero_grad();
-  scaler.scale(a.loss() + b.loss()).backward();
+  second.scale(a.loss() + b.loss()).backward();
   {
     torch::NoGradGuard no_grad;
     b.model->weight.grad()[0][1] = INFINITY;
   }
   const auto a_before = a.params(), b_before = b.params();
-  CHECK(scaler.step(sgd_a));
-  CHECK_FALSE(scaler.step(sgd_b));
+  CHECK(second.step(sgd_a));
+  CHECK_FALSE(second.step(sgd_b));
   CHECK_FALSE(all_equal(a.params(), a_before));
   CHECK(all_equal(b.params(), b_before));
 }

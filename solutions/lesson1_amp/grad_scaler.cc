@@ -126,6 +126,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   // The inverse is computed in float64 and then rounded once, as PyTorch does.
   const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
   at::Tensor found_inf = at::zeros({1}, scale_.options());
+  at::NoGradGuard no_grad;  // the fused kernel too: unscaling is not part of the model's graph
   if (use_fused(scale_.device().type())) {
     unscale_grads_fused(grads, found_inf, inv_scale);
   } else {
