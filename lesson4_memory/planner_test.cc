@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "lesson4_memory/planner.h"
+#include "third_party/libtorch/compat.h"
 #include "lesson4_memory/workload.h"
 
 using doctest::Contains;
@@ -79,6 +80,43 @@ TEST_CASE("[step4] accumulating uneven micro-batches gives the full batch's grad
   CAPTURE(worst);
   CHECK(worst <= 1e-5);
   CHECK(accumulated_loss == doctest::Approx(full_loss).epsilon(1e-6));
+}
+
+TEST_CASE("[step4] each train_step starts from no gradients: two steps leave the last step's gradients") {
+  const auto spec = spec_of(4, 16, 40);
+  auto model = mem::make_deep_mlp(spec, torch::kCPU);
+  const auto batch = mem::make_batch(spec, torch::kCPU);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.0));  // lr 0: the same gradients twice
+  mem::train_step(model, sgd, batch.first, batch.second, recipe(16, 2, false));
+  std::vector<torch::Tensor> once;
+  for (const auto& p : model->parameters()) once.push_back(p.grad().clone());
+  mem::train_step(model, sgd, batch.first, batch.second, recipe(16, 2, false));
+  double worst = 0;
+  const auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    REQUIRE(params[i].grad().defined());
+    worst = std::max(worst, ((params[i].grad() - once[i]).abs().max() / once[i].abs().max()).item<double>());
+  }
+  CAPTURE(worst);
+  CHECK(worst <= 1e-6);  // accumulating onto last step's gradients would double them
+}
+
+TEST_CASE("[step4] train_step runs the forward under bfloat16 autocast exactly when the recipe is 16-bit") {
+  const auto spec = spec_of(3, 16, 24);
+  for (bool low_precision : {false, true}) {
+    CAPTURE(low_precision);
+    auto model = mem::make_deep_mlp(spec, torch::kCPU);
+    std::vector<std::string> seen;  // the dtype of a matmul run in each forward, as autocast decides it
+    model->push_back(torch::nn::Functional([&seen](const torch::Tensor& t) {
+      seen.push_back(dtype_name(torch::mm(t.to(torch::kFloat), torch::eye(t.size(1))).scalar_type()));
+      return t;
+    }));
+    const auto batch = mem::make_batch(spec, torch::kCPU);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.0));
+    mem::train_step(model, sgd, batch.first, batch.second, recipe(8, 1, low_precision));  // 3 chunks
+    CHECK(seen == std::vector<std::string>(3, low_precision ? "BFloat16" : "Float"));
+    CHECK_FALSE(workshop::compat::autocast_enabled(torch::kCPU));
+  }
 }
 
 TEST_CASE("[step4] the combined recipe (checkpointing + 16-bit + accumulation) beats checkpointing alone") {
