@@ -152,6 +152,27 @@ TEST_CASE("[step4] candidate recipes run from the fastest to the one using the l
   CHECK(same(one_layer.back(), recipe(1, 1, true)));
 }
 
+TEST_CASE("[step4] with a made-up probe the planner returns the first candidate that fits, the last one included") {
+  const auto recipes = mem::candidate_recipes(8, 32);
+  REQUIRE(recipes.size() == 16);
+  // Peak 1000 - (position in the list): each candidate uses a little less than the one before.
+  const mem::PeakProbe probe = [&](const mem::Recipe& r) -> int64_t {
+    for (size_t i = 0; i < recipes.size(); ++i) {
+      if (same(recipes[i], r)) return 1000 - static_cast<int64_t>(i);
+    }
+    FAIL("the planner probed a recipe that is not a candidate: " << mem::describe(r));
+    return 0;
+  };
+  const mem::Plan fifth = mem::plan_for_budget(996, 8, 32, probe);  // candidates 0..3 need 1000..997
+  CHECK(same(fifth.recipe, recipes[4]));
+  CHECK(fifth.peak_bytes == 996);
+  CHECK(fifth.probes == 6);  // the least-memory one, then candidates 0..4
+  const mem::Plan last = mem::plan_for_budget(985, 8, 32, probe);  // only the last candidate fits
+  CHECK(same(last.recipe, recipes.back()));
+  CHECK(last.peak_bytes == 985);
+  CHECK(last.probes == 16);
+}
+
 TEST_CASE("[step4] the planner's choice really runs under its budget; a generous budget changes nothing") {
   const auto spec = spec_of(16, 32, 512);
   int probes = 0;
