@@ -134,6 +134,21 @@ TEST_CASE("[step2] the guard restores the dtype that was set before it, not only
   CHECK_FALSE(cpu_autocast_on());
 }
 
+TEST_CASE("[step2] on exit a guard puts back the device's dtype, even when code inside changed it") {
+  // Works without a GPU: a guard that turns CUDA autocast *off* needs no CUDA, and the CUDA dtype is a plain
+  // setting that any dtype can be written to.
+  const c10::ScalarType before = workshop::compat::autocast_dtype(torch::kCUDA);
+  const c10::ScalarType other = before == torch::kBFloat16 ? torch::kHalf : torch::kBFloat16;
+  {
+    amp::AutocastGuard off(torch::kCUDA, before, /*enabled=*/false);
+    workshop::compat::set_autocast_dtype(torch::kCUDA, other);  // e.g. a library call inside the scope
+  }
+  const c10::ScalarType after = workshop::compat::autocast_dtype(torch::kCUDA);
+  workshop::compat::set_autocast_dtype(torch::kCUDA, before);  // leave the next checks a clean state
+  CHECK(dtype_name(after) == dtype_name(before));
+  CHECK_FALSE(workshop::compat::autocast_enabled(torch::kCUDA));
+}
+
 TEST_CASE("[step2] the one-argument guard takes the dtype set for the device, as torch.autocast without a dtype") {
   {
     amp::AutocastGuard outer(torch::kCPU, torch::kBFloat16);
