@@ -43,7 +43,10 @@ if [ $# -eq 0 ]; then
   selected=("$PATCHES"/*.patch)
 else
   for pattern in "$@"; do
-    for p in "$PATCHES"/$pattern "$PATCHES"/$pattern.patch; do [ -f "$p" ] && selected+=("$p"); done
+    for p in "$PATCHES"/$pattern "$PATCHES"/$pattern.patch; do
+      [ -f "$p" ] || continue
+      case " ${selected[*]} " in *" $p "*) ;; *) selected+=("$p") ;; esac
+    done
   done
 fi
 [ ${#selected[@]} -gt 0 ] && [ -f "${selected[0]}" ] || { echo "run.sh: no mutant matches" >&2; exit 2; }
