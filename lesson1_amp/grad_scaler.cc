@@ -8,6 +8,7 @@
 #include <cmath>
 #include <string>
 
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, &, ...)
 #include <ATen/ops/full.h>  // at:: functions come one header each; add <ATen/ops/NAME.h> for others
 #include <ATen/ops/where.h>
@@ -47,11 +48,13 @@ void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at:
 }
 // [update_plain]
 
+// [constructor]
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
   // TODO(lesson1, step 3): Reject bad options with TORCH_CHECK and a message naming the option:
   // init_scale finite and > 0, growth_factor > 1, 0 < backoff_factor < 1, growth_interval > 0.
   TORCH_CHECK(false, "TODO(lesson1, step 3): GradScaler(options) is not implemented yet");
 }
+// [constructor]
 
 // [scale]
 at::Tensor GradScaler::scale(const at::Tensor& loss) {
