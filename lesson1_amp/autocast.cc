@@ -25,16 +25,19 @@ c10::ScalarType AutocastGuard::default_dtype(c10::DeviceType device) {
   return device == c10::DeviceType::CUDA ? c10::ScalarType::Half : c10::ScalarType::BFloat16;
 }
 
+// No dtype: the one set for the device now (an outer guard's), as Python's torch.autocast(device) does. Before
+// any guard that is the device's usual dtype.
 AutocastGuard::AutocastGuard(c10::DeviceType device, bool enabled)
-    : AutocastGuard(device, default_dtype(device), enabled) {}
+    : AutocastGuard(device, workshop::compat::autocast_dtype(device), enabled) {}
 
 // [guard_enter]
 AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled) : device_(device) {
   // TODO(lesson1, step 2): Check the arguments (CPU or CUDA; when enabled: float16 or bfloat16, on CPU a
   // dtype that workshop::compat::cpu_autocast_supports(), CUDA only if torch::cuda::is_available()).
   // Save the device's current autocast state in previous_enabled_ / previous_dtype_ (workshop::compat::
-  // autocast_enabled / autocast_dtype), switch to the new one (the dtype first, then the enabled flag, so that
-  // a failure never leaves autocast on with the wrong dtype), and count one more nesting level
+  // autocast_enabled / autocast_dtype) and the cache flag in previous_cache_enabled_
+  // (at::autocast::is_autocast_cache_enabled()), switch to the new state (the dtype first, then the enabled flag,
+  // so that a failure never leaves autocast on with the wrong dtype), and count one more nesting level
   // (at::autocast::increment_nesting()).
   (void)dtype;
   (void)enabled;
@@ -45,7 +48,8 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool
 // [guard_exit]
 AutocastGuard::~AutocastGuard() {
   // TODO(lesson1, step 2): Leave one nesting level (at::autocast::decrement_nesting()); if it was the
-  // outermost, clear the cast cache (at::autocast::clear_cache()). Restore the saved enabled flag and dtype.
+  // outermost, clear the cast cache (at::autocast::clear_cache()). Restore the saved enabled flag, dtype and
+  // cache flag (at::autocast::set_autocast_cache_enabled).
   // A destructor must not throw.
 }
 // [guard_exit]

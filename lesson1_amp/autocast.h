@@ -21,8 +21,10 @@ double underflow_fraction(const at::Tensor& values, c10::ScalarType low_precisio
 
 /// Step 2. While alive, ops on `device` that autocast covers (matmul, linear, conv, ...) run in `dtype`; the
 /// rest keep float32 or are promoted to it. On destruction, also when an exception leaves the scope, the
-/// previous enabled flag and dtype of that device are restored. Guards nest; when the outermost guard of
-/// all exits, the cache of 16-bit copies of float32 weights is cleared (as Python's autocast does).
+/// previous enabled flag and dtype of that device, and autocast's cache-enabled flag (whether 16-bit copies of
+/// weights are cached; at::autocast::set_autocast_cache_enabled), are restored. Guards nest; when the
+/// outermost guard of all exits, the cache of 16-bit copies of float32 weights is cleared (as Python's
+/// autocast does).
 ///
 /// Throws c10::Error for a device other than CPU/CUDA and, when enabled, for a dtype that is not
 /// float16/bfloat16, for a dtype the device's autocast does not support in this LibTorch (CPU autocast before
@@ -33,7 +35,8 @@ class AutocastGuard {
   /// Autocast on `device` with `dtype`, or a guard that turns autocast *off* when `enabled` is false.
   AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled = true);
 
-  /// Autocast on `device` with its usual dtype: float16 on CUDA, bfloat16 on CPU.
+  /// Autocast on `device` with the dtype currently set for it, as Python's `torch.autocast(device)` without a
+  /// dtype: the one an enclosing guard (or the user) chose, else the device's usual one (default_dtype()).
   explicit AutocastGuard(c10::DeviceType device, bool enabled = true);
 
   ~AutocastGuard();
@@ -48,6 +51,7 @@ class AutocastGuard {
   c10::DeviceType device_;
   bool previous_enabled_ = false;
   c10::ScalarType previous_dtype_ = c10::ScalarType::Undefined;
+  bool previous_cache_enabled_ = true;
 };
 
 }  // namespace amp

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "lesson1_amp/autocast.h"
@@ -30,6 +31,19 @@ std::string cpu_autocast_dtype() { return dtype_name(workshop::compat::autocast_
 
 // The dtype a CPU matmul produces right now: what autocast decided for it.
 std::string matmul_dtype() { return dtype_name(torch::mm(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type()); }
+
+// Sets the CPU autocast dtype (autocast stays off) for the life of this object, as a user or an enclosing
+// library could; puts back what was there, whatever the checks in between did.
+class CpuDtypeSetting {
+ public:
+  explicit CpuDtypeSetting(c10::ScalarType dtype) : saved_(workshop::compat::autocast_dtype(torch::kCPU)) {
+    workshop::compat::set_autocast_dtype(torch::kCPU, dtype);
+  }
+  ~CpuDtypeSetting() { workshop::compat::set_autocast_dtype(torch::kCPU, saved_); }
+
+ private:
+  c10::ScalarType saved_;
+};
 
 }  // namespace
 
@@ -95,6 +109,72 @@ TEST_CASE("[step2] nested guards restore the outer state when they exit") {
   CHECK(cpu_autocast_on());
   CHECK(cpu_autocast_dtype() == "BFloat16");
   CHECK(matmul_dtype() == "BFloat16");
+}
+
+TEST_CASE("[step2] the guard restores the dtype that was set before it, not only the enabled flag") {
+  if (!workshop::compat::cpu_autocast_supports(torch::kHalf)) {
+    // LibTorch 1.13 refuses any CPU autocast dtype but bfloat16, so there is no other dtype to restore; the
+    // CUDA case checks the restore there (float16 outside, bfloat16 inside).
+    MESSAGE("CPU autocast here is bfloat16 only: the dtype restore is checked by the CUDA case");
+    {
+      amp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+      CHECK(cpu_autocast_dtype() == "BFloat16");
+    }
+    CHECK(cpu_autocast_dtype() == "BFloat16");
+    CHECK_FALSE(cpu_autocast_on());
+    return;
+  }
+  const CpuDtypeSetting half(torch::kHalf);  // set while autocast is off, as a user could
+  REQUIRE(cpu_autocast_dtype() == "Half");
+  {
+    amp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+    CHECK(cpu_autocast_dtype() == "BFloat16");
+  }
+  CHECK(cpu_autocast_dtype() == "Half");
+  CHECK_FALSE(cpu_autocast_on());
+}
+
+TEST_CASE("[step2] on exit a guard puts back the device's dtype, even when code inside changed it") {
+  // Works without a GPU: a guard that turns CUDA autocast *off* needs no CUDA, and the CUDA dtype is a plain
+  // setting that any dtype can be written to.
+  const c10::ScalarType before = workshop::compat::autocast_dtype(torch::kCUDA);
+  const c10::ScalarType other = before == torch::kBFloat16 ? torch::kHalf : torch::kBFloat16;
+  {
+    amp::AutocastGuard off(torch::kCUDA, before, /*enabled=*/false);
+    workshop::compat::set_autocast_dtype(torch::kCUDA, other);  // e.g. a library call inside the scope
+  }
+  const c10::ScalarType after = workshop::compat::autocast_dtype(torch::kCUDA);
+  workshop::compat::set_autocast_dtype(torch::kCUDA, before);  // leave the next checks a clean state
+  CHECK(dtype_name(after) == dtype_name(before));
+  CHECK_FALSE(workshop::compat::autocast_enabled(torch::kCUDA));
+}
+
+TEST_CASE("[step2] the one-argument guard takes the dtype set for the device, as torch.autocast without a dtype") {
+  {
+    amp::AutocastGuard outer(torch::kCPU, torch::kBFloat16);
+    amp::AutocastGuard inner(torch::kCPU);
+    CHECK(cpu_autocast_dtype() == "BFloat16");
+  }
+  // An enclosing setting of float16 (where CPU autocast has one; the CUDA case checks it on CUDA): the
+  // one-argument guard must use it rather than fall back to the device's usual bfloat16.
+  if (workshop::compat::cpu_autocast_supports(torch::kHalf)) {
+    const CpuDtypeSetting half(torch::kHalf);
+    amp::AutocastGuard autocast(torch::kCPU);
+    CHECK(cpu_autocast_dtype() == "Half");
+    CHECK(matmul_dtype() == "Half");
+  }
+  CHECK(cpu_autocast_dtype() == "BFloat16");
+}
+
+TEST_CASE("[step2] the guard restores autocast's cache-enabled flag") {
+  REQUIRE(at::autocast::is_autocast_cache_enabled());
+  {
+    amp::AutocastGuard autocast(torch::kCPU);
+    at::autocast::set_autocast_cache_enabled(false);  // code inside the scope turns weight caching off
+  }
+  const bool restored = at::autocast::is_autocast_cache_enabled();
+  at::autocast::set_autocast_cache_enabled(true);  // whatever happened, leave the next checks a clean state
+  CHECK(restored);
 }
 
 TEST_CASE("[step2] the previous state is restored when an exception leaves the guarded scope") {
@@ -163,6 +243,8 @@ GPU_TEST_CASE("[step2] on CUDA the guard runs a matmul in float16 and restores f
     CHECK(dtype_name(torch::mm(a, a).scalar_type()) == "Half");
     {
       amp::AutocastGuard bf16(torch::kCUDA, torch::kBFloat16);
+      CHECK(dtype_name(torch::mm(a, a).scalar_type()) == "BFloat16");
+      amp::AutocastGuard inner(torch::kCUDA);  // no dtype: the enclosing guard's bfloat16
       CHECK(dtype_name(torch::mm(a, a).scalar_type()) == "BFloat16");
     }
     CHECK(dtype_name(torch::mm(a, a).scalar_type()) == "Half");

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <string>
 
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, &, ...)
 #include <ATen/ops/full.h>  // at:: functions come one header each; add <ATen/ops/NAME.h> for others
 #include <ATen/ops/where.h>
@@ -23,6 +24,7 @@ namespace amp {
 void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
   // TODO(lesson1, step 4): For every gradient: if it holds an inf or NaN, set found_inf to 1 (hint:
   // isfinite(), all(), masked_fill_ — no .item(), keep it on the device); multiply it in place by inv_scale.
+  // Record no autograd history while doing so (at::NoGradGuard, <ATen/core/grad_mode.h>).
   (void)grads;
   (void)found_inf;
   (void)inv_scale;
@@ -33,9 +35,9 @@ void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found
 // [update_plain]
 void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                         double growth_factor, double backoff_factor, int64_t growth_interval) {
-  // TODO(lesson1, step 6): Overflow (found_inf > 0): scale *= backoff_factor, tracker = 0. Otherwise
-  // tracker + 1; when that reaches growth_interval, scale *= growth_factor unless the result is inf, and
-  // tracker = 0. Update both tensors in place (copy_ / fill_); at::where keeps it free of host syncs.
+  // TODO(lesson1, step 6): Overflow (found_inf != 0, NaN included): scale *= backoff_factor, tracker = 0.
+  // Otherwise tracker + 1; when that equals growth_interval, scale *= growth_factor unless the result is inf,
+  // and tracker = 0. Update both tensors in place (copy_ / fill_); at::where keeps it free of host syncs.
   (void)scale;
   (void)growth_tracker;
   (void)found_inf;
@@ -46,11 +48,13 @@ void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at:
 }
 // [update_plain]
 
+// [constructor]
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
   // TODO(lesson1, step 3): Reject bad options with TORCH_CHECK and a message naming the option:
   // init_scale finite and > 0, growth_factor > 1, 0 < backoff_factor < 1, growth_interval > 0.
   TORCH_CHECK(false, "TODO(lesson1, step 3): GradScaler(options) is not implemented yet");
 }
+// [constructor]
 
 // [scale]
 at::Tensor GradScaler::scale(const at::Tensor& loss) {
@@ -91,16 +95,25 @@ void GradScaler::update() {
   // per-optimizer states so the next iteration starts fresh.
   TORCH_CHECK(false, "TODO(lesson1, step 6): GradScaler::update() is not implemented yet");
 }
+
+void GradScaler::update(double new_scale) {
+  // TODO(lesson1, step 6): Disabled: do nothing. An error before scale() and for a new_scale that is not
+  // finite and > 0; fill scale_ with new_scale (leave the tracker) and forget the per-optimizer states.
+  (void)new_scale;
+  TORCH_CHECK(false, "TODO(lesson1, step 6): GradScaler::update(new_scale) is not implemented yet");
+}
 // [update]
 
 // [state]
 GradScalerState GradScaler::state_dict() const {
-  // TODO(lesson1, step 6): Return the current scale, the three options and the growth tracker.
+  // TODO(lesson1, step 6): Disabled: a GradScalerState with enabled = false. Otherwise the current scale
+  // (get_scale()), the three options and the growth tracker.
   TORCH_CHECK(false, "TODO(lesson1, step 6): GradScaler::state_dict() is not implemented yet");
 }
 
 void GradScaler::load_state_dict(const GradScalerState& state) {
-  // TODO(lesson1, step 6): An error on a disabled scaler; validate like the constructor (and
+  // TODO(lesson1, step 6): Disabled scaler: do nothing. An error for a state saved from a disabled scaler
+  // (state.enabled false: "saved from a disabled scaler"); validate like the constructor (and
   // 0 <= growth_tracker < growth_interval); take the values; if scale_ already exists, fill it too.
   (void)state;
   TORCH_CHECK(false, "TODO(lesson1, step 6): GradScaler::load_state_dict() is not implemented yet");

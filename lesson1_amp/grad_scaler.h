@@ -46,6 +46,9 @@ struct GradScalerOptions {
 
 /// What a GradScaler must remember across a checkpoint.
 struct GradScalerState {
+  /// false: saved from a disabled scaler, which has no state (as PyTorch's empty state dict); every other field
+  /// is then meaningless, and an enabled scaler refuses to load it.
+  bool enabled = true;
   double scale = 65536.0;
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
@@ -56,7 +59,9 @@ struct GradScalerState {
 /// Step 4. Multiplies every gradient in `grads` in place by `inv_scale` (a one-element float32 tensor) and
 /// sets `found_inf` (a one-element float32 tensor) to 1 if any gradient holds an inf or NaN; leaves it
 /// unchanged otherwise. Works for non-contiguous gradients. All tensors on one device. Plain tensor ops only
-/// (no ATen AMP kernel), so it runs on every device and LibTorch version.
+/// (no ATen AMP kernel), so it runs on every device and LibTorch version. Runs without recording autograd
+/// history (as under torch::NoGradGuard), so gradients that require grad (a leaf, or after a backward with
+/// create_graph) are unscaled in place like any other.
 void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
 
 /// The same as unscale_grads_plain through ATen's fused `_amp_foreach_non_finite_check_and_unscale_`.
@@ -64,9 +69,11 @@ void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found
 void unscale_grads_fused(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
 
 /// Step 6. Updates `scale` (one-element float32) and `growth_tracker` (one-element int32) in place, exactly as
-/// ATen's `_amp_update_scale_`: if found_inf > 0, scale *= backoff_factor and the tracker resets to 0;
-/// otherwise the tracker counts one more clean step, and when it reaches growth_interval the scale is
-/// multiplied by growth_factor (only if the result is finite) and the tracker resets to 0.
+/// ATen's `_amp_update_scale_`: if found_inf is non-zero (NaN included: the kernel tests `if (found_inf)`),
+/// scale *= backoff_factor and the tracker resets to 0; otherwise the tracker counts one more clean step, and
+/// when the count equals growth_interval the scale is multiplied by growth_factor (only if the result is
+/// finite) and the tracker resets to 0. (A tracker already past growth_interval, which a GradScaler never
+/// produces, keeps counting without growth, as in the kernel.)
 void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                         double growth_factor, double backoff_factor, int64_t growth_interval);
 
@@ -100,6 +107,11 @@ class GradScaler {
   /// step towards growth. Call once per iteration, after step().
   void update();
 
+  /// Step 6. Sets the scale to `new_scale` (finite and > 0) instead of adapting it, as PyTorch's
+  /// update(new_scale); the growth tracker is left as it is, and the per-optimizer states are reset like
+  /// update(). Needs no inf check (no step() before it), but a scale (scale() was called). No-op when disabled.
+  void update(double new_scale);
+
   /// The current scale (1.0 when disabled). Reads the device tensor: a host-device sync on CUDA.
   double get_scale() const;
 
@@ -108,10 +120,14 @@ class GradScaler {
 
   bool is_enabled() const { return options_.enabled; }
 
-  /// Step 6. The state to checkpoint with the model and optimizer.
+  /// Step 6. The state to checkpoint with the model and optimizer: the current scale (also after it changed),
+  /// the three options and the tracker. A disabled scaler returns a state with enabled = false.
   GradScalerState state_dict() const;
 
-  /// Step 6. Restores a state (validated like the options); an error on a disabled scaler.
+  /// Step 6. Restores a state (validated like the options), also into a scaler that has already scaled: the
+  /// next scale() uses the loaded scale. A disabled scaler ignores it (a pass-through, as in PyTorch). A
+  /// state with enabled = false is an error ("saved from a disabled scaler"): loading it would silently reset
+  /// the scale.
   void load_state_dict(const GradScalerState& state);
 
   /// Writes/reads state_dict() through a torch::serialize archive, so `torch::save(scaler, path)` and

@@ -41,6 +41,7 @@ double clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm) {
 
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {
   const GradScalerState state = state_dict();
+  archive.write("enabled", c10::IValue(state.enabled));
   archive.write("scale", c10::IValue(state.scale));
   archive.write("growth_factor", c10::IValue(state.growth_factor));
   archive.write("backoff_factor", c10::IValue(state.backoff_factor));
@@ -51,6 +52,7 @@ void GradScaler::save(torch::serialize::OutputArchive& archive) const {
 void GradScaler::load(torch::serialize::InputArchive& archive) {
   GradScalerState state;
   c10::IValue value;
+  if (archive.try_read("enabled", value)) state.enabled = value.toBool();  // older archives: enabled
   archive.read("scale", value);
   state.scale = value.toDouble();
   archive.read("growth_factor", value);

@@ -219,11 +219,6 @@ TEST_CASE("[step4] misuse of unscale_ gives a clear error") {
     scaler.unscale_(sgd);
     CHECK_THROWS_WITH_AS(scaler.unscale_(sgd), Contains("already been called"), c10::Error);
   }
-  SUBCASE("after step()") {
-    scaler.scale(problem.loss()).backward();
-    scaler.step(sgd);
-    CHECK_THROWS_WITH_AS(scaler.unscale_(sgd), Contains("after step"), c10::Error);
-  }
   SUBCASE("float16 master weights") {
     auto w = torch::ones({4}, torch::dtype(torch::kHalf).requires_grad(true));
     torch::optim::SGD half_sgd({w}, 0.1);
@@ -232,7 +227,62 @@ TEST_CASE("[step4] misuse of unscale_ gives a clear error") {
   }
 }
 
+TEST_CASE("[step4] unscale_grads_plain unscales gradients that require grad, recording no autograd history") {
+  // A leaf that requires grad (what a gradient is after backward with create_graph): an in-place multiply
+  // with grad mode on would be refused for a leaf, or recorded in the graph for any other tensor.
+  std::vector<torch::Tensor> grads{torch::full({3}, 8.0f, torch::requires_grad())};
+  auto found_inf = torch::zeros({1});
+  amp::unscale_grads_plain(grads, found_inf, torch::full({1}, 0.25f));
+  CHECK(torch::equal(grads[0].detach(), torch::full({3}, 2.0f)));
+  CHECK(grads[0].grad_fn() == nullptr);
+  CHECK(found_inf.item<float>() == 0.0f);
+}
+
 // ---- step 5: step ----------------------------------------------------------------------------------------
+
+TEST_CASE("[step5] unscale_ after step() in the same iteration gives a clear error") {
+  Problem problem;
+  torch::optim::SGD sgd(problem.model->parameters(), 0.1);
+  amp::GradScaler scaler;
+  scaler.scale(problem.loss()).backward();
+  scaler.step(sgd);
+  CHECK_THROWS_WITH_AS(scaler.unscale_(sgd), Contains("after step"), c10::Error);
+}
+
+TEST_CASE("[step5] several optimizers on one scaler: each steps on its own unscaled gradients, an inf skips only its own") {
+  // As PyTorch's test_grad_scaling_multiple: two models, two optimizers, one scaler.
+  Problem ref_a(torch::kCPU, 7), ref_b(torch::kCPU, 8), a(torch::kCPU, 7), b(torch::kCPU, 8);
+  torch::optim::SGD ref_sgd_a(ref_a.model->parameters(), 0.1), ref_sgd_b(ref_b.model->parameters(), 0.1);
+  (ref_a.loss() + ref_b.loss()).backward();
+  ref_sgd_a.step();
+  ref_sgd_b.step();
+
+  torch::optim::SGD sgd_a(a.model->parameters(), 0.1), sgd_b(b.model->parameters(), 0.1);
+  amp::GradScaler scaler = make_scaler(1024.0);
+  scaler.scale(a.loss() + b.loss()).backward();
+  scaler.unscale_(sgd_a);  // explicit for one, implicit in step() for the other
+  CHECK(scaler.step(sgd_a));
+  CHECK(scaler.step(sgd_b));
+  CAPTURE(max_abs_diff(a.params(), ref_a.params()));
+  CAPTURE(max_abs_diff(b.params(), ref_b.params()));
+  CHECK(max_abs_diff(a.params(), ref_a.params()) <= 1e-6);
+  CHECK(max_abs_diff(b.params(), ref_b.params()) <= 1e-6);
+
+  // Another iteration (a fresh scaler: update() is step 6): an inf only in b's gradients skips b, not a.
+  amp::GradScaler second = make_scaler(1024.0);
+  sgd_a.zero_grad();
+  sgd_b.zero_grad();
+  second.scale(a.loss() + b.loss()).backward();
+  {
+    torch::NoGradGuard no_grad;
+    b.model->weight.grad()[0][1] = INFINITY;
+  }
+  const auto a_before = a.params(), b_before = b.params();
+  CHECK(second.step(sgd_a));
+  CHECK_FALSE(second.step(sgd_b));
+  CHECK_FALSE(all_equal(a.params(), a_before));
+  CHECK(all_equal(b.params(), b_before));
+}
 
 TEST_CASE("[step5] a clean step runs the optimizer on the unscaled gradients") {
   Problem reference, scaled;
@@ -311,7 +361,6 @@ TEST_CASE("[step5] a disabled scaler steps every time and never skips") {
   scaler.scale(problem.loss()).backward();
   scaler.unscale_(sgd);  // no-op
   CHECK(scaler.step(sgd));
-  scaler.update();  // no-op
   CHECK_FALSE(all_equal(problem.params(), before));
   CHECK(scaler.get_scale() == 1.0);
 }
@@ -332,6 +381,86 @@ TEST_CASE("[step6] update_scale_plain follows the state machine: scale 4, growth
   amp::update_scale_plain(scale, tracker, inf, 2.0, 0.25, 2);
   CHECK(tracker.item<int>() == 0);
   CHECK(scale.item<float>() == 2.0f);
+}
+
+TEST_CASE("[step6] update_scale_plain is ATen's kernel: a NaN flag is an overflow, growth when the count equals the interval") {
+  auto scale = torch::full({1}, 4.0f);
+  auto tracker = torch::full({1}, 1, torch::kInt);
+  amp::update_scale_plain(scale, tracker, torch::full({1}, NAN), 2.0, 0.25, 2);  // `if (found_inf)`: NaN is true
+  CHECK(scale.item<float>() == 1.0f);
+  CHECK(tracker.item<int>() == 0);
+  amp::update_scale_plain(scale, tracker, torch::full({1}, 2.0f), 2.0, 0.25, 2);  // two optimizers' flags summed
+  CHECK(scale.item<float>() == 0.25f);
+  // A tracker past the interval (never produced by a GradScaler) counts on without growth, as in the kernel.
+  tracker.fill_(5);
+  amp::update_scale_plain(scale, tracker, torch::zeros({1}), 2.0, 0.25, 2);
+  CHECK(tracker.item<int>() == 6);
+  CHECK(scale.item<float>() == 0.25f);
+}
+
+TEST_CASE("[step6] several optimizers on one scaler: an inf seen by any backs the scale off once per update") {
+  Problem a(torch::kCPU, 7), b(torch::kCPU, 8);
+  torch::optim::SGD sgd_a(a.model->parameters(), 0.01), sgd_b(b.model->parameters(), 0.01);
+  amp::GradScaler scaler = make_scaler(1024.0, 2.0, 0.5, 2);
+  struct Iteration {
+    bool inf_a, inf_b;
+    double scale_after;
+    int64_t tracker_after;
+  };
+  // clean (tracker 1), inf in a, inf in b, inf in both (one back-off, not two), clean, clean (growth).
+  const std::vector<Iteration> iterations{{false, false, 1024, 1}, {true, false, 512, 0}, {false, true, 256, 0},
+                                          {true, true, 128, 0},    {false, false, 128, 1}, {false, false, 256, 0}};
+  for (size_t i = 0; i < iterations.size(); ++i) {
+    CAPTURE(i);
+    sgd_a.zero_grad();
+    sgd_b.zero_grad();
+    scaler.scale(a.loss() + b.loss()).backward();
+    {
+      torch::NoGradGuard no_grad;
+      if (iterations[i].inf_a) a.model->bias.grad().fill_(INFINITY);
+      if (iterations[i].inf_b) b.model->bias.grad().fill_(NAN);
+    }
+    CHECK(scaler.step(sgd_a) == !iterations[i].inf_a);
+    CHECK(scaler.step(sgd_b) == !iterations[i].inf_b);
+    scaler.update();
+    CHECK(scaler.get_scale() == iterations[i].scale_after);
+    CHECK(scaler.get_growth_tracker() == iterations[i].tracker_after);
+  }
+}
+
+TEST_CASE("[step6] update(new_scale) sets the scale, keeps the growth tracker and starts a new iteration") {
+  Problem problem;
+  torch::optim::SGD sgd(problem.model->parameters(), 0.01);
+  amp::GradScaler scaler = make_scaler(1024.0, 2.0, 0.5, 3);
+  CHECK_THROWS_WITH_AS(scaler.update(64.0), Contains("before scale"), c10::Error);
+  auto iteration = [&] {
+    sgd.zero_grad();
+    scaler.scale(problem.loss()).backward();
+    return scaler.step(sgd);
+  };
+  CHECK(iteration());
+  scaler.update();  // tracker 1
+  CHECK(iteration());
+  scaler.update(100.0);
+  CHECK(scaler.get_scale() == 100.0);
+  CHECK(scaler.get_growth_tracker() == 1);
+  CHECK(iteration());  // the per-optimizer state was reset: step() runs again
+  scaler.update();     // tracker 2
+  CHECK(scaler.get_scale() == 100.0);
+  CHECK(iteration());
+  scaler.update();     // tracker 3 == interval: growth
+  CHECK(scaler.get_scale() == 200.0);
+  CHECK(scaler.get_growth_tracker() == 0);
+  scaler.update(8.0);  // no step needed before it
+  CHECK(scaler.get_scale() == 8.0);
+  CHECK_THROWS_WITH_AS(scaler.update(0.0), Contains("new_scale"), c10::Error);
+  CHECK_THROWS_WITH_AS(scaler.update(std::numeric_limits<double>::infinity()), Contains("new_scale"), c10::Error);
+  CHECK(scaler.get_scale() == 8.0);
+  amp::GradScalerOptions off;
+  off.enabled = false;
+  amp::GradScaler disabled(off);
+  disabled.update(5.0);  // a pass-through
+  CHECK(disabled.get_scale() == 1.0);
 }
 
 TEST_CASE("[step6] from 128 with interval 1, three clean iterations and one with inf leave the scale at 512") {
@@ -389,6 +518,7 @@ TEST_CASE("[step6] the state survives state_dict/load_state_dict and torch::save
     scaler.update();
   }
   const amp::GradScalerState state = scaler.state_dict();
+  CHECK(state.enabled);
   CHECK(state.scale == 256.0);
   CHECK(state.growth_factor == 4.0);
   CHECK(state.backoff_factor == 0.125);
@@ -424,18 +554,78 @@ TEST_CASE("[step6] the state survives state_dict/load_state_dict and torch::save
   }
 }
 
-TEST_CASE("[step6] load_state_dict rejects an invalid state and a disabled scaler") {
-  amp::GradScaler scaler;
+TEST_CASE("[step6] state_dict saves the current scale and tracker, not the initial ones") {
+  Problem problem;
+  torch::optim::SGD sgd(problem.model->parameters(), 0.01);
+  amp::GradScaler scaler = make_scaler(1024.0, 2.0, 0.5, 3);
+  for (int i = 0; i < 4; ++i) {  // clean x3: growth to 2048; clean: tracker 1
+    sgd.zero_grad();
+    scaler.scale(problem.loss()).backward();
+    scaler.step(sgd);
+    scaler.update();
+  }
+  const amp::GradScalerState state = scaler.state_dict();
+  CHECK(state.scale == 2048.0);
+  CHECK(state.growth_tracker == 1);
+}
+
+TEST_CASE("[step6] load_state_dict into a scaler that has already scaled replaces its live scale and tracker") {
+  // As PyTorch's test_grad_scaling_state_dict: the loading scaler has run before.
+  Problem problem;
+  torch::optim::SGD sgd(problem.model->parameters(), 0.01);
+  amp::GradScaler running = make_scaler(65536.0, 2.0, 0.5, 2000);
+  running.scale(problem.loss()).backward();
+  running.step(sgd);
+  running.update();
+  REQUIRE(running.get_growth_tracker() == 1);
+  amp::GradScalerState state;
+  state.scale = 32.0;
+  state.growth_factor = 4.0;
+  state.backoff_factor = 0.25;
+  state.growth_interval = 2;
+  state.growth_tracker = 1;
+  running.load_state_dict(state);
+  CHECK(running.get_scale() == 32.0);
+  CHECK(running.get_growth_tracker() == 1);
+  const auto loss = torch::tensor(0.5f);
+  CHECK(running.scale(loss).item<double>() == 16.0);  // the next scale() uses the loaded scale
+  sgd.zero_grad();
+  running.scale(problem.loss()).backward();
+  running.step(sgd);
+  running.update();  // tracker 2 == the loaded interval: grows by the loaded factor
+  CHECK(running.get_scale() == 128.0);
+  CHECK(running.get_growth_tracker() == 0);
+}
+
+TEST_CASE("[step6] load_state_dict rejects an invalid state and one saved from a disabled scaler") {
+  amp::GradScaler scaler = make_scaler(512.0);
   amp::GradScalerState state;
   state.scale = 0.0;
   CHECK_THROWS_WITH_AS(scaler.load_state_dict(state), Contains("scale"), c10::Error);
   state = {};
   state.growth_tracker = state.growth_interval;
   CHECK_THROWS_WITH_AS(scaler.load_state_dict(state), Contains("growth_tracker"), c10::Error);
+
+  // A disabled scaler has no state (PyTorch: an empty state dict); loading that must not reset the scale.
   amp::GradScalerOptions options;
   options.enabled = false;
   amp::GradScaler disabled(options);
-  CHECK_THROWS_WITH_AS(disabled.load_state_dict(amp::GradScalerState{}), Contains("disabled"), c10::Error);
+  const amp::GradScalerState none = disabled.state_dict();
+  CHECK_FALSE(none.enabled);
+  CHECK_THROWS_WITH_AS(scaler.load_state_dict(none), Contains("disabled"), c10::Error);
+  CHECK(scaler.get_scale() == 512.0);
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp ? tmp : "/tmp") + "/disabled_scaler_state.pt";
+  torch::save(disabled, path);
+  CHECK_THROWS_WITH_AS(torch::load(scaler, path), Contains("disabled"), c10::Error);
+  std::remove(path.c_str());
+  CHECK(scaler.get_scale() == 512.0);
+
+  // A disabled scaler is a pass-through: loading into it and updating it change nothing.
+  disabled.load_state_dict(amp::GradScalerState{});
+  disabled.update();
+  CHECK(disabled.get_scale() == 1.0);
+  CHECK(disabled.get_growth_tracker() == 0);
 }
 
 // ---- step 7: the full training step ----------------------------------------------------------------------
@@ -501,6 +691,47 @@ TEST_CASE("[step7] train_step with max_grad_norm clips the unscaled gradients") 
   CHECK(amp::train_step(sgd, scaler, [&] { return scaled.loss(); }, options).stepped);
   CAPTURE(max_abs_diff(scaled.params(), reference.params()));
   CHECK(max_abs_diff(scaled.params(), reference.params()) <= 1e-6);
+}
+
+TEST_CASE("[step7] train_step zeroes the gradients each time and returns the unscaled loss") {
+  Problem reference, trained;
+  torch::optim::SGD ref_sgd(reference.model->parameters(), 0.1);
+  torch::optim::SGD sgd(trained.model->parameters(), 0.1);
+  amp::GradScaler scaler = make_scaler(1024.0);
+  amp::StepOptions options;
+  options.autocast = false;
+  for (int i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    ref_sgd.zero_grad();
+    const auto ref_loss = reference.loss();
+    ref_loss.backward();
+    ref_sgd.step();
+    const amp::StepResult result = amp::train_step(sgd, scaler, [&] { return trained.loss(); }, options);
+    CHECK(result.stepped);
+    CHECK(result.loss.item<double>() == doctest::Approx(ref_loss.item<double>()).epsilon(1e-6));
+    CAPTURE(max_abs_diff(trained.params(), reference.params()));
+    CHECK(max_abs_diff(trained.params(), reference.params()) <= 1e-6);
+  }
+}
+
+TEST_CASE("[step7] train_step runs backward with autocast off") {
+  Problem problem;
+  torch::optim::SGD sgd(problem.model->parameters(), 0.1);
+  amp::GradScaler scaler;
+  int hooks = 0;
+  bool autocast_in_backward = true;
+  amp::train_step(sgd, scaler, [&] {
+    auto loss = torch::mse_loss(problem.model->forward(problem.x).to(torch::kFloat), problem.y);
+    // Runs when backward reaches the loss: it sees the autocast state backward runs under.
+    loss.register_hook([&](const torch::Tensor& grad) {
+      ++hooks;
+      autocast_in_backward = workshop::compat::autocast_enabled(torch::kCPU);
+      return grad;
+    });
+    return loss;
+  });  // CPU, bfloat16 autocast for the forward
+  REQUIRE(hooks == 1);
+  CHECK_FALSE(autocast_in_backward);
 }
 
 TEST_CASE("[step7] train_step rejects a forward that does not return a scalar loss") {

@@ -17,6 +17,7 @@
 
 #include "common/memory_meter.h"
 #include "lesson1_amp/grad_scaler.h"
+#include "third_party/libtorch/compat.h"
 #include "lesson2_accumulation/accumulation.h"
 
 using doctest::Contains;
@@ -120,6 +121,28 @@ double accumulated_vs_large_step(Opt which, int64_t n, int64_t micro_batch) {
   return rel_error(small.params(), large.params());
 }
 
+// The mean loss over the items [begin, begin + length) at the current parameters (no graph).
+double mean_loss(Problem& problem, int64_t begin, int64_t length) {
+  torch::NoGradGuard no_grad;
+  return torch::mse_loss(problem.model->forward(problem.x.narrow(0, begin, length)), problem.y.narrow(0, begin, length))
+      .item<double>();
+}
+
+// Checks that stats.window_losses are the mean losses over each window's items (parameters unchanged: lr 0).
+void check_window_losses(Problem& problem, const accum::AccumulationStats& stats,
+                         const std::vector<int64_t>& window_items) {
+  REQUIRE(stats.window_losses.size() == window_items.size());
+  int64_t begin = 0;
+  for (size_t w = 0; w < window_items.size(); ++w) {
+    CAPTURE(w);
+    REQUIRE(stats.window_losses[w].numel() == 1);
+    CHECK_FALSE(stats.window_losses[w].requires_grad());
+    CHECK(stats.window_losses[w].item<double>() ==
+          doctest::Approx(mean_loss(problem, begin, window_items[w])).epsilon(1e-6));
+    begin += window_items[w];
+  }
+}
+
 // A deeper MLP whose activations dominate its memory, for the memory checks.
 struct WideProblem {
   torch::nn::Sequential model{nullptr};
@@ -209,6 +232,16 @@ TEST_CASE("[step1] the optimizer steps exactly ceil(N/K) times and zeroes only a
     CAPTURE(error);
     CHECK(error <= 1e-6);
   }
+}
+
+TEST_CASE("[step1] the window losses are each window's mean loss") {
+  Problem problem(40);  // 10 micro-batches of 4, K = 3: windows of 12, 12, 12 and 4 items
+  torch::optim::SGD sgd(problem.model->parameters(), torch::optim::SGDOptions(0.0));
+  accum::AccumulationOptions options;
+  options.accumulation_steps = 3;
+  const auto stats = accum::train_accumulated(sgd, accum::split_batch(problem.x, problem.y, 4), problem.loss_fn(),
+                                              options);
+  check_window_losses(problem, stats, {12, 12, 12, 4});
 }
 
 TEST_CASE("[step1] parameters after one accumulated step equal one large-batch step (SGD and Adam)") {
@@ -435,6 +468,16 @@ TEST_CASE("[step2] per-token losses: weighting by MicroBatch::items equals the m
   CHECK(mean_of_means >= 1e-2);
 }
 
+TEST_CASE("[step2] the window losses of uneven windows are the means over their items") {
+  Problem problem(23);  // micro-batches 5+5+5 | 5+3
+  torch::optim::SGD sgd(problem.model->parameters(), torch::optim::SGDOptions(0.0));
+  accum::AccumulationOptions options;
+  options.accumulation_steps = 3;
+  const auto stats = accum::train_accumulated(sgd, accum::split_batch(problem.x, problem.y, 5), problem.loss_fn(),
+                                              options);
+  check_window_losses(problem, stats, {15, 8});
+}
+
 TEST_CASE("[step2] bad input to loss_weights gets a clear error") {
   CHECK_THROWS_WITH_AS(accum::loss_weights({}, accum::Normalization::kByItems), Contains("at least one micro-batch"),
                        c10::Error);
@@ -533,6 +576,68 @@ TEST_CASE("[step3] without overflow, scaled accumulation over uneven micro-batch
   const double error = rel_error(scaled.params(), plain.params());
   CAPTURE(error);
   CHECK(error <= 1e-6);  // power-of-two scales: scaling and unscaling are exact in float32
+}
+
+TEST_CASE("[step3] the window losses with a scaler are the unscaled means over each window's items") {
+  Problem problem(23);  // micro-batches 5+5+5 | 5+3
+  torch::optim::SGD sgd(problem.model->parameters(), torch::optim::SGDOptions(0.0));
+  amp::GradScaler scaler = make_scaler(1024.0, 1000);
+  accum::AccumulationOptions options;
+  options.accumulation_steps = 3;
+  const auto stats = accum::train_accumulated_amp(sgd, scaler, accum::split_batch(problem.x, problem.y, 5),
+                                                  problem.loss_fn(), options, no_autocast());
+  CHECK(stats.optimizer_steps == 2);
+  check_window_losses(problem, stats, {15, 8});
+}
+
+TEST_CASE("[step3] with a scaler and max_grad_norm, each window's unscaled accumulated gradients are clipped") {
+  const double max_norm = 0.02;
+  accum::AccumulationOptions options;
+  options.accumulation_steps = 2;  // micro-batches of 4: windows {0,1}, {2,3}, {4,5}
+  Problem reference(24);
+  torch::optim::SGD ref_sgd(reference.model->parameters(), torch::optim::SGDOptions(0.1));
+  const auto ref_batches = accum::split_batch(reference.x, reference.y, 4);
+  for (size_t begin = 0; begin < ref_batches.size(); begin += 2) {
+    ref_sgd.zero_grad();
+    accum::accumulate_window({ref_batches[begin], ref_batches[begin + 1]}, reference.loss_fn());
+    const double norm = torch::nn::utils::clip_grad_norm_(reference.model->parameters(), max_norm);
+    CAPTURE(norm);
+    REQUIRE(norm > max_norm);  // the clip really acts
+    ref_sgd.step();
+  }
+  Problem clipped(24);
+  torch::optim::SGD sgd(clipped.model->parameters(), torch::optim::SGDOptions(0.1));
+  amp::GradScaler scaler = make_scaler(65536.0, 1000);
+  amp::StepOptions amp_options = no_autocast();
+  amp_options.max_grad_norm = max_norm;
+  const auto stats = accum::train_accumulated_amp(sgd, scaler, accum::split_batch(clipped.x, clipped.y, 4),
+                                                  clipped.loss_fn(), options, amp_options);
+  CHECK(stats.optimizer_steps == 3);
+  const double error = rel_error(clipped.params(), reference.params());
+  CAPTURE(error);
+  CHECK(error <= 1e-6);
+}
+
+TEST_CASE("[step3] with a scaler, every micro-batch's backward runs with autocast off") {
+  Problem problem(12);
+  torch::optim::SGD sgd(problem.model->parameters(), torch::optim::SGDOptions(0.1));
+  amp::GradScaler scaler = make_scaler(1024.0, 1000);
+  std::vector<bool> forward_autocast, backward_autocast;
+  const accum::LossFn loss_fn = [&](const accum::MicroBatch& mb) {
+    forward_autocast.push_back(workshop::compat::autocast_enabled(torch::kCPU));
+    auto loss = torch::mse_loss(problem.model->forward(mb.input).to(torch::kFloat), mb.target);
+    loss.register_hook([&](const torch::Tensor& grad) {  // runs when backward reaches this micro-batch's loss
+      backward_autocast.push_back(workshop::compat::autocast_enabled(torch::kCPU));
+      return grad;
+    });
+    return loss;
+  };
+  accum::AccumulationOptions options;
+  options.accumulation_steps = 3;
+  accum::train_accumulated_amp(sgd, scaler, accum::split_batch(problem.x, problem.y, 4), loss_fn, options,
+                               amp::StepOptions{});  // CPU, bfloat16 autocast for the forward
+  CHECK(forward_autocast == std::vector<bool>{true, true, true});
+  CHECK(backward_autocast == std::vector<bool>{false, false, false});
 }
 
 TEST_CASE("[step3] with bfloat16 autocast on CPU, accumulated AMP training tracks float32 accumulation") {

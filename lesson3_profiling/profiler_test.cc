@@ -242,6 +242,50 @@ TEST_CASE("[step3] the table has one row per name, sorted by total time, with sh
   CHECK(phase_shares == doctest::Approx(1.0).epsilon(1e-9));
   CHECK(profile.share(prof::Phase::kForward) > profile.row("custom").share);
   CHECK(profile.format().find("aten::mm") != std::string::npos);
+  // Each row sums its events: calls, total and self time.
+  for (const auto& row : rows) {
+    CAPTURE(row.name);
+    int64_t calls = 0;
+    double total = 0, self = 0;
+    for (const auto& e : profile.events()) {
+      if (e.name != row.name) continue;
+      ++calls;
+      total += e.total_us();
+      self += e.self_us;
+    }
+    CHECK(row.calls == calls);
+    CHECK(row.total_us == doctest::Approx(total).epsilon(1e-9));
+    CHECK(row.self_us == doctest::Approx(self).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("[step3] attribute nests hand-made events by time: touching siblings, a child ending with its parent, two threads") {
+  auto event = [](const std::string& name, uint64_t thread, double start, double end) {
+    prof::Event e;
+    e.name = name;
+    e.thread = thread;
+    e.start_us = start;
+    e.end_us = end;
+    return e;
+  };
+  // Sorted by start, as the recorder returns them.
+  std::vector<prof::Event> events{event("phase:forward", 1, 0, 10),  event("other_thread", 2, 1, 30),
+                                  event("mm", 1, 2, 10),             event("phase:backward", 1, 10, 20),
+                                  event("sub", 1, 12, 15)};
+  prof::attribute(events);
+  CHECK(events[0].parent == -1);
+  CHECK(events[1].parent == -1);  // on another thread: never a child of thread 1's ranges
+  CHECK(events[1].depth == 0);
+  CHECK(events[1].phase == "");
+  CHECK(events[2].parent == 0);  // ends exactly when its parent ends: still inside
+  CHECK(events[2].phase == "phase:forward");
+  CHECK(events[3].parent == -1);  // starts exactly when the forward ends: a sibling, not a child
+  CHECK(events[3].depth == 0);
+  CHECK(events[4].parent == 3);
+  CHECK(events[4].phase == "phase:backward");
+  CHECK(events[0].self_us == doctest::Approx(2.0));   // 10 minus mm's 8
+  CHECK(events[3].self_us == doctest::Approx(7.0));   // 10 minus sub's 3
+  CHECK(events[1].self_us == doctest::Approx(29.0));
 }
 
 TEST_CASE("[step3] the trace is valid JSON with one complete event per range, phases included") {

@@ -72,7 +72,9 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     // TODO(lesson4, step 2): Get the state and the saved tensors. Detach the inputs into fresh leaves
     // (requires_grad as the originals). Save the current RNG state, set the forward's, and with
     // AutocastReplay(state->autocast) and at::AutoGradMode(true) run the segment again; put the RNG state
-    // back. torch::autograd::grad(outputs that require grad, [inputs and parameters that require grad],
+    // back, also if the segment throws (a small RAII object whose destructor calls set_rng_state). If no
+    // recomputed output requires grad, throw "no recomputed output requires grad". Then
+    // torch::autograd::grad(outputs that require grad, [inputs and parameters that require grad],
     // their grad_outputs, false, false, /*allow_unused=*/true). Return one slot per forward argument:
     // undefined for the state, then the inputs' gradients, then the parameters'.
     (void)ctx;

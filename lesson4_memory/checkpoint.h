@@ -45,15 +45,24 @@ void set_rng_state(const RngState& state);
 /// the segment runs again under grad mode, with the random-number and autocast state of the first run (so
 /// dropout draws the same mask), and gradients flow to the `inputs` that require grad and to `parameters`
 /// (list every parameter the segment uses: the others get no gradient).
-/// With grad mode off (e.g. under torch::NoGradGuard) it simply returns segment(inputs).
+/// With grad mode off (e.g. under torch::NoGradGuard) it simply returns segment(inputs). The forward pass runs
+/// without grad mode: while it runs, at most a couple of the segment's activations exist at any moment.
+/// Backward leaves the random stream as it found it, also when the recomputation throws.
 /// Throws if `segment` is empty, `inputs` is empty, or — with grad mode on — none of `inputs` and
-/// `parameters` requires grad (nothing could receive a gradient).
+/// `parameters` requires grad (nothing could receive a gradient). Backward throws "no recomputed output
+/// requires grad" when the recomputed segment's outputs do not require grad (as PyTorch's checkpoint does),
+/// instead of silently returning no gradient.
 std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at::Tensor>& inputs,
                                    const std::vector<at::Tensor>& parameters = {});
 
 /// Step 3. model->forward(input) with the model's layers split into `segments` consecutive segments of
 /// near-equal size (the first n % segments get one layer more). Every segment but the last runs under
-/// checkpoint() with its own layers' parameters; the last runs plainly (backward needs it at once).
+/// checkpoint() with its own layers' parameters; the last runs plainly (backward needs it at once), so each
+/// layer of the last segment runs once and every other layer twice (forward, then recomputation).
+/// This grouping departs from PyTorch's torch.utils.checkpoint.checkpoint_sequential, which gives the first
+/// segments - 1 segments n / segments layers each and the remainder to the last (plain) one: 7 layers in 3
+/// segments are 3+2+2 here, 2+2+3 there. Near-equal segments keep the largest one, which sets the
+/// recomputation's peak, as small as possible.
 /// segments == 1 is the plain forward pass. Throws if segments < 1, segments > model->size() (named
 /// "more segments than layers"), or the model is empty.
 at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments, const at::Tensor& input);

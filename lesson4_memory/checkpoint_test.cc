@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "common/memory_meter.h"
+#include "lesson1_amp/autocast.h"
 #include "lesson4_memory/checkpoint.h"
 #include "lesson4_memory/workload.h"
 
@@ -126,6 +127,68 @@ TEST_CASE("[step2] a checkpointed segment keeps only its input and output until 
   for (const auto& p : model->parameters()) CHECK(p.grad().defined());
 }
 
+TEST_CASE("[step2] while a checkpointed segment runs forward, at most a few of its activations exist") {
+  const auto spec = spec_of(8, 64, 256, 0.0);
+  auto model = mem::make_deep_mlp(spec, torch::kCPU);
+  const auto x = mem::make_batch(spec, torch::kCPU).first.requires_grad_(true);
+  const int64_t activation = 256 * 64 * 4;
+  auto segment = [&](const std::vector<torch::Tensor>& v) { return std::vector<torch::Tensor>{model->forward(v[0])}; };
+  workshop::MemoryMeter meter(torch::kCPU);
+  {
+    const auto plain = model->forward(x);  // for comparison: the recorded graph keeps 2 activations per layer
+    CAPTURE(meter.peak_bytes());
+    REQUIRE(meter.peak_bytes() >= 16 * activation);
+  }
+  meter.reset();
+  const auto out = mem::checkpoint(segment, {x}, model->parameters())[0];
+  const int64_t peak = meter.peak_bytes();
+  CAPTURE(peak);
+  CHECK(peak <= 4 * activation + 64 * 1024);  // a layer's input, its two results, the output; the RNG state
+}
+
+TEST_CASE("[step2] under autocast, the recomputation runs in the forward's precision (gradients match plain)") {
+  auto model = mem::make_deep_mlp(spec_of(4, 32, 64, 0.0), torch::kCPU);
+  const auto x = mem::make_batch(spec_of(4, 32, 64, 0.0), torch::kCPU).first;
+  const auto plain = gradients(model, x, [&](const torch::Tensor& in) {
+    amp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+    return model->forward(in);
+  });
+  const auto checkpointed = gradients(model, x, [&](const torch::Tensor& in) {
+    amp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+    return mem::checkpoint([&](const std::vector<torch::Tensor>& v) { return std::vector<torch::Tensor>{model->forward(v[0])}; },
+                           {in}, model->parameters())[0];
+  });
+  const double difference = max_difference(plain, checkpointed);
+  CAPTURE(difference);
+  CHECK(difference <= 1e-6);  // a float32 recomputation would differ by bfloat16's rounding, ~1e-3
+}
+
+TEST_CASE("[step2] backward through a segment whose recomputed output does not require grad is an error") {
+  const auto x = torch::ones({3}, torch::requires_grad());
+  auto detached = [](const std::vector<torch::Tensor>& v) { return std::vector<torch::Tensor>{v[0].detach() * 2}; };
+  const auto out = mem::checkpoint(detached, {x})[0];
+  REQUIRE(out.requires_grad());  // the checkpoint's output is connected; the recomputed one will not be
+  CHECK_THROWS_WITH(out.sum().backward(), Contains("no recomputed output requires grad"));
+}
+
+TEST_CASE("[step2] the random stream is put back also when the recomputation throws") {
+  int calls = 0;
+  auto noisy = [&](const std::vector<torch::Tensor>& v) {
+    // Fails as soon as it is recomputed, before drawing: the stream is then at the forward's starting state,
+    // which differs from where the forward left it.
+    TORCH_CHECK(++calls < 2, "the recomputation failed");
+    return std::vector<torch::Tensor>{v[0] * torch::rand_like(v[0])};
+  };
+  torch::manual_seed(3);
+  const auto x = torch::ones({8}, torch::requires_grad());
+  const auto out = mem::checkpoint(noisy, {x})[0];
+  const mem::RngState before = mem::get_rng_state();
+  const auto expected = torch::rand({100});  // what the stream gives next if backward leaves it alone
+  mem::set_rng_state(before);
+  CHECK_THROWS_WITH(out.sum().backward(), Contains("the recomputation failed"));
+  CHECK(torch::equal(torch::rand({100}), expected));
+}
+
 TEST_CASE("[step2] bad input: empty segment, no inputs, nothing that requires grad") {
   auto identity = [](const std::vector<torch::Tensor>& v) { return std::vector<torch::Tensor>{v[0] * 2}; };
   const auto x = torch::ones({3});
@@ -149,6 +212,35 @@ TEST_CASE("[step3] checkpoint_sequential gradients equal plain ones for 1, 2, 3 
     CAPTURE(difference);
     CHECK(difference <= 1e-6);
   }
+}
+
+TEST_CASE("[step3] after a backward over several checkpointed segments with dropout, the random stream is where a plain run leaves it") {
+  auto model = mem::make_deep_mlp(spec_of(6, 32, 64, 0.5), torch::kCPU);
+  const auto x = mem::make_batch(spec_of(6, 32, 64, 0.5), torch::kCPU).first;
+  gradients(model, x, [&](const torch::Tensor& in) { return model->forward(in); });
+  const auto after_plain = torch::rand({100});
+  gradients(model, x, [&](const torch::Tensor& in) { return mem::checkpoint_sequential(model, 3, in); });
+  const auto after_checkpointed = torch::rand({100});
+  CHECK(torch::equal(after_plain, after_checkpointed));
+}
+
+TEST_CASE("[step3] 7 layers in 3 segments are grouped 3+2+2; every layer but the last segment's runs twice") {
+  std::vector<int> calls(7, 0);
+  torch::nn::Sequential model;
+  for (int i = 0; i < 7; ++i) {
+    model->push_back(torch::nn::Functional([&calls, i](const torch::Tensor& t) {
+      ++calls[i];
+      return t * 1.5;
+    }));
+  }
+  const auto x = torch::ones({2, 3}, torch::requires_grad());
+  mem::checkpoint_sequential(model, 3, x).sum().backward();
+  CHECK(calls == std::vector<int>{2, 2, 2, 2, 2, 1, 1});  // forward + recomputation, except the plain last segment
+  CHECK(torch::allclose(x.grad(), torch::full({2, 3}, std::pow(1.5, 7))));
+  std::fill(calls.begin(), calls.end(), 0);
+  x.mutable_grad().reset();
+  mem::checkpoint_sequential(model, 1, x).sum().backward();  // one segment: the plain forward
+  CHECK(calls == std::vector<int>(7, 1));
 }
 
 TEST_CASE("[step3] the first segment's parameters get gradients although the data does not require grad") {

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "lesson4_memory/planner.h"
+#include "third_party/libtorch/compat.h"
 #include "lesson4_memory/workload.h"
 
 using doctest::Contains;
@@ -81,6 +82,43 @@ TEST_CASE("[step4] accumulating uneven micro-batches gives the full batch's grad
   CHECK(accumulated_loss == doctest::Approx(full_loss).epsilon(1e-6));
 }
 
+TEST_CASE("[step4] each train_step starts from no gradients: two steps leave the last step's gradients") {
+  const auto spec = spec_of(4, 16, 40);
+  auto model = mem::make_deep_mlp(spec, torch::kCPU);
+  const auto batch = mem::make_batch(spec, torch::kCPU);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.0));  // lr 0: the same gradients twice
+  mem::train_step(model, sgd, batch.first, batch.second, recipe(16, 2, false));
+  std::vector<torch::Tensor> once;
+  for (const auto& p : model->parameters()) once.push_back(p.grad().clone());
+  mem::train_step(model, sgd, batch.first, batch.second, recipe(16, 2, false));
+  double worst = 0;
+  const auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    REQUIRE(params[i].grad().defined());
+    worst = std::max(worst, ((params[i].grad() - once[i]).abs().max() / once[i].abs().max()).item<double>());
+  }
+  CAPTURE(worst);
+  CHECK(worst <= 1e-6);  // accumulating onto last step's gradients would double them
+}
+
+TEST_CASE("[step4] train_step runs the forward under bfloat16 autocast exactly when the recipe is 16-bit") {
+  const auto spec = spec_of(3, 16, 24);
+  for (bool low_precision : {false, true}) {
+    CAPTURE(low_precision);
+    auto model = mem::make_deep_mlp(spec, torch::kCPU);
+    std::vector<std::string> seen;  // the dtype of a matmul run in each forward, as autocast decides it
+    model->push_back(torch::nn::Functional([&seen](const torch::Tensor& t) {
+      seen.push_back(dtype_name(torch::mm(t.to(torch::kFloat), torch::eye(t.size(1))).scalar_type()));
+      return t;
+    }));
+    const auto batch = mem::make_batch(spec, torch::kCPU);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.0));
+    mem::train_step(model, sgd, batch.first, batch.second, recipe(8, 1, low_precision));  // 3 chunks
+    CHECK(seen == std::vector<std::string>(3, low_precision ? "BFloat16" : "Float"));
+    CHECK_FALSE(workshop::compat::autocast_enabled(torch::kCPU));
+  }
+}
+
 TEST_CASE("[step4] the combined recipe (checkpointing + 16-bit + accumulation) beats checkpointing alone") {
   const PeakRatios r = measure_ratios(spec_of(32, 64, 1024), 256, torch::kCPU);
   const auto& plain = r.plain;
@@ -112,6 +150,27 @@ TEST_CASE("[step4] candidate recipes run from the fastest to the one using the l
   REQUIRE(one_layer.size() == 6);
   CHECK(same(one_layer[2], recipe(2, 1, false)));
   CHECK(same(one_layer.back(), recipe(1, 1, true)));
+}
+
+TEST_CASE("[step4] with a made-up probe the planner returns the first candidate that fits, the last one included") {
+  const auto recipes = mem::candidate_recipes(8, 32);
+  REQUIRE(recipes.size() == 16);
+  // Peak 1000 - (position in the list): each candidate uses a little less than the one before.
+  const mem::PeakProbe probe = [&](const mem::Recipe& r) -> int64_t {
+    for (size_t i = 0; i < recipes.size(); ++i) {
+      if (same(recipes[i], r)) return 1000 - static_cast<int64_t>(i);
+    }
+    FAIL("the planner probed a recipe that is not a candidate: " << mem::describe(r));
+    return 0;
+  };
+  const mem::Plan fifth = mem::plan_for_budget(996, 8, 32, probe);  // candidates 0..3 need 1000..997
+  CHECK(same(fifth.recipe, recipes[4]));
+  CHECK(fifth.peak_bytes == 996);
+  CHECK(fifth.probes == 6);  // the least-memory one, then candidates 0..4
+  const mem::Plan last = mem::plan_for_budget(985, 8, 32, probe);  // only the last candidate fits
+  CHECK(same(last.recipe, recipes.back()));
+  CHECK(last.peak_bytes == 985);
+  CHECK(last.probes == 16);
 }
 
 TEST_CASE("[step4] the planner's choice really runs under its budget; a generous budget changes nothing") {

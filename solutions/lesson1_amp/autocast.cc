@@ -28,8 +28,10 @@ c10::ScalarType AutocastGuard::default_dtype(c10::DeviceType device) {
   return device == c10::DeviceType::CUDA ? c10::ScalarType::Half : c10::ScalarType::BFloat16;
 }
 
+// No dtype: the one set for the device now (an outer guard's), as Python's torch.autocast(device) does. Before
+// any guard that is the device's usual dtype.
 AutocastGuard::AutocastGuard(c10::DeviceType device, bool enabled)
-    : AutocastGuard(device, default_dtype(device), enabled) {}
+    : AutocastGuard(device, workshop::compat::autocast_dtype(device), enabled) {}
 
 // [guard_enter]
 AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled) : device_(device) {
@@ -44,6 +46,7 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool
   // Remember what was there, so that the destructor can put it back exactly (this is what makes nesting work).
   previous_enabled_ = workshop::compat::autocast_enabled(device);
   previous_dtype_ = workshop::compat::autocast_dtype(device);
+  previous_cache_enabled_ = at::autocast::is_autocast_cache_enabled();  // code inside may switch caching off
   // All or nothing: the dtype goes in before autocast is switched on, and if LibTorch refuses either, the saved
   // state goes back before the error leaves (a constructor that throws gets no destructor call).
   try {
@@ -64,6 +67,7 @@ AutocastGuard::~AutocastGuard() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   workshop::compat::set_autocast_enabled(device_, previous_enabled_);
   workshop::compat::set_autocast_dtype(device_, previous_dtype_);
+  at::autocast::set_autocast_cache_enabled(previous_cache_enabled_);
 }
 // [guard_exit]
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, &, ...)
 #include <ATen/ops/full.h>  // at:: functions come one header each; add <ATen/ops/NAME.h> for others
 #include <ATen/ops/where.h>
@@ -53,6 +54,7 @@ void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found
               "unscale_grads_plain: found_inf must be a one-element float32 tensor");
   TORCH_CHECK(inv_scale.numel() == 1 && inv_scale.scalar_type() == c10::ScalarType::Float,
               "unscale_grads_plain: inv_scale must be a one-element float32 tensor");
+  at::NoGradGuard no_grad;  // unscaling is bookkeeping, not part of the model's graph
   for (const at::Tensor& grad : grads) {
     TORCH_CHECK(grad.device() == found_inf.device() && grad.device() == inv_scale.device(),
                 "unscale_grads_plain: all tensors must be on one device; a gradient is on ", grad.device(),
@@ -73,9 +75,9 @@ void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at:
               "update_scale_plain: growth_tracker must be a one-element int32 tensor");
   TORCH_CHECK(found_inf.numel() == 1, "update_scale_plain: found_inf must have one element");
   TORCH_CHECK(growth_interval > 0, "update_scale_plain: growth_interval must be > 0, got ", growth_interval);
-  const at::Tensor overflow = found_inf.gt(0);                      // [1] bool
+  const at::Tensor overflow = found_inf.ne(0);                      // [1] bool; NaN != 0 counts as overflow
   const at::Tensor clean_steps = growth_tracker + 1;                // [1] int32
-  const at::Tensor grow = clean_steps.ge(growth_interval) & overflow.logical_not();
+  const at::Tensor grow = clean_steps.eq(growth_interval) & overflow.logical_not();
   at::Tensor grown = scale * growth_factor;
   grown = at::where(grown.isfinite(), grown, scale);               // never grow into inf
   const at::Tensor new_scale = at::where(overflow, scale * backoff_factor, at::where(grow, grown, scale));
@@ -85,9 +87,11 @@ void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at:
 }
 // [update_plain]
 
+// [constructor]
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
   check_options(options.init_scale, options.growth_factor, options.backoff_factor, options.growth_interval);
 }
+// [constructor]
 
 // [scale]
 at::Tensor GradScaler::scale(const at::Tensor& loss) {
@@ -124,6 +128,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   // The inverse is computed in float64 and then rounded once, as PyTorch does.
   const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
   at::Tensor found_inf = at::zeros({1}, scale_.options());
+  at::NoGradGuard no_grad;  // the fused kernel too: unscaling is not part of the model's graph
   if (use_fused(scale_.device().type())) {
     unscale_grads_fused(grads, found_inf, inv_scale);
   } else {
@@ -174,16 +179,32 @@ void GradScaler::update() {
   }
   per_optimizer_.clear();
 }
+
+void GradScaler::update(double new_scale) {
+  if (!options_.enabled) return;
+  TORCH_CHECK(scale_.defined(), "GradScaler::update: called before scale()");
+  TORCH_CHECK(std::isfinite(new_scale) && new_scale > 0, "GradScaler::update: new_scale must be finite and > 0, got ",
+              new_scale);
+  scale_.fill_(new_scale);  // the tracker stays: PyTorch's update(new_scale) leaves it alone too
+  per_optimizer_.clear();
+}
 // [update]
 
 // [state]
 GradScalerState GradScaler::state_dict() const {
-  return GradScalerState{get_scale(), options_.growth_factor, options_.backoff_factor, options_.growth_interval,
+  if (!options_.enabled) {
+    GradScalerState none;
+    none.enabled = false;  // a disabled scaler has no state to save
+    return none;
+  }
+  return GradScalerState{true, get_scale(), options_.growth_factor, options_.backoff_factor, options_.growth_interval,
                          get_growth_tracker()};
 }
 
 void GradScaler::load_state_dict(const GradScalerState& state) {
-  TORCH_CHECK(options_.enabled, "GradScaler::load_state_dict: this scaler is disabled; nothing to load into");
+  if (!options_.enabled) return;  // a pass-through has nothing to restore
+  TORCH_CHECK(state.enabled, "GradScaler::load_state_dict: the state was saved from a disabled scaler and holds no "
+              "scale; loading it would reset this scaler's scale");
   check_options(state.scale, state.growth_factor, state.backoff_factor, state.growth_interval);
   TORCH_CHECK(state.growth_tracker >= 0 && state.growth_tracker < state.growth_interval,
               "GradScaler::load_state_dict: growth_tracker must be in [0, growth_interval), got ",

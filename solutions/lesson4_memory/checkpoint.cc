@@ -62,6 +62,25 @@ void set_rng_state(const RngState& state) {
 
 namespace {
 
+// Puts the random stream back as it was when this object was made, on every way out of the scope (an
+// exception from the recomputed segment included).
+class RngRestore {
+ public:
+  explicit RngRestore(int cuda_device) : saved_(get_rng_state(cuda_device)) {}
+  ~RngRestore() {
+    try {
+      set_rng_state(saved_);
+    } catch (...) {
+      // a destructor must not throw
+    }
+  }
+  RngRestore(const RngRestore&) = delete;
+  RngRestore& operator=(const RngRestore&) = delete;
+
+ private:
+  RngState saved_;
+};
+
 // What backward needs besides the saved tensors: the segment itself and the state of the first run.
 struct SegmentState : torch::CustomClassHolder {
   Segment segment;
@@ -100,23 +119,27 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
     std::vector<at::Tensor> outputs;
     {
-      const RngState now = get_rng_state(state->rng.cuda_device);
+      const RngRestore restore(state->rng.cuda_device);  // backward must not disturb the training loop's stream
       set_rng_state(state->rng);  // the same dropout masks as in forward
       AutocastReplay autocast(state->autocast);
       at::AutoGradMode grad_mode(true);
       outputs = state->segment(inputs);
-      set_rng_state(now);  // backward must not disturb the random stream of the training loop
     }
 
     // Differentiate the recomputed outputs with respect to what can receive a gradient.
     std::vector<at::Tensor> roots, root_grads, wrt;
     std::vector<size_t> wrt_slot;
+    bool any_output_requires_grad = false;
     for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
+      any_output_requires_grad = any_output_requires_grad || outputs[i].requires_grad();
       if (outputs[i].requires_grad() && grad_outputs[i].defined()) {
         roots.push_back(outputs[i]);
         root_grads.push_back(grad_outputs[i]);
       }
     }
+    // As PyTorch: silently returning no gradient would hide a segment that detaches its result.
+    TORCH_CHECK(any_output_requires_grad, "checkpoint: no recomputed output requires grad (does the segment detach "
+                "its result or compute it under no-grad?); nothing can flow back through this checkpoint");
     for (size_t i = 0; i < saved.size(); ++i) {
       const at::Tensor& target = i < n ? inputs[i] : saved[i];
       if (target.requires_grad()) {

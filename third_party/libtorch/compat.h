@@ -34,6 +34,8 @@ TORCH_API void set_autocast_gpu_dtype(c10::ScalarType dtype);
 TORCH_API void set_autocast_cpu_dtype(c10::ScalarType dtype);
 #endif
 TORCH_API void clear_cache();
+TORCH_API bool is_autocast_cache_enabled();
+TORCH_API void set_autocast_cache_enabled(bool enabled);
 TORCH_API int increment_nesting();
 TORCH_API int decrement_nesting();
 }  // namespace autocast

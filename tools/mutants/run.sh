@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Mutation testing of the lessons' checks (a maintainer command, not part of CI; it takes long: one Bazel
+# build and one lesson's reference checks per mutant).
+#
+#   tools/mutants/run.sh                      # every mutant in tools/mutants/patches/
+#   tools/mutants/run.sh 'l1_*' 42_l2_x.patch # some of them (globs on the file names)
+#
+# Each mutant is a small patch against solutions/ (a plausible bug; tools/mutants/mutants.py writes them).
+# For each one the runner applies it, runs `bazel test //solutions/<lesson>:all` (the lesson's reference
+# checks), reverts it, and prints CAUGHT (a check failed), SURVIVED (every check passed: no check looks at
+# that behaviour) or BROKEN (the mutant does not apply or does not compile: not counted). At the end: the
+# score, caught / (caught + survived), and the survivors. The tree is always restored (trap on exit and on
+# Ctrl-C), and the runner refuses to start when solutions/ has uncommitted changes.
+# Results also go to $MUTANTS_OUT (default: .bazel/mutants/results.txt, one line per mutant).
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+PATCHES="$ROOT/tools/mutants/patches"
+OUT=${MUTANTS_OUT:-$ROOT/.bazel/mutants/results.txt}
+BAZEL=${BAZEL:-bazel}
+
+if ! git diff --quiet -- solutions/ || [ -n "$(git status --porcelain -- solutions/)" ]; then
+  echo "run.sh: solutions/ has uncommitted changes; commit or stash them first (the runner restores solutions/" >&2
+  echo "        from a copy after every mutant and must not mix your edits with a mutant's)" >&2
+  exit 2
+fi
+
+BACKUP=$(mktemp -d)
+cp -a solutions "$BACKUP/solutions"
+restore() {
+  rm -rf "$ROOT/solutions"
+  cp -a "$BACKUP/solutions" "$ROOT/solutions"
+}
+cleanup() {
+  restore
+  rm -rf "$BACKUP"
+}
+trap cleanup EXIT
+trap 'echo; echo "interrupted: restoring solutions/"; exit 130' INT TERM
+
+selected=()
+if [ $# -eq 0 ]; then
+  selected=("$PATCHES"/*.patch)
+else
+  for pattern in "$@"; do
+    for p in "$PATCHES"/$pattern "$PATCHES"/$pattern.patch; do
+      [ -f "$p" ] || continue
+      case " ${selected[*]} " in *" $p "*) ;; *) selected+=("$p") ;; esac
+    done
+  done
+fi
+[ ${#selected[@]} -gt 0 ] && [ -f "${selected[0]}" ] || { echo "run.sh: no mutant matches" >&2; exit 2; }
+
+mkdir -p "$(dirname "$OUT")"
+: > "$OUT"
+caught=0
+survived=0
+broken=0
+survivors=()
+start_all=$(date +%s)
+for patch in "${selected[@]}"; do
+  name=$(basename "$patch" .patch)
+  why=$(sed -n 's/^Mutant: //p' "$patch" | head -1)
+  lesson=$(sed -n 's|^+++ b/solutions/\([^/]*\)/.*|\1|p' "$patch" | head -1)
+  start=$(date +%s)
+  if ! patch -p1 --silent --forward --no-backup-if-mismatch -r - < "$patch" > /dev/null; then
+    verdict=BROKEN
+    detail="does not apply"
+  else
+    log=$(mktemp)
+    "$BAZEL" test "//solutions/$lesson:all" --test_output=errors --test_timeout=600 \
+      --test_arg=--abort-after=1 > "$log" 2>&1
+    rc=$?
+    case $rc in
+      0) verdict=SURVIVED; detail="every check passed" ;;
+      3) verdict=CAUGHT
+         detail=$(grep -o '//solutions/[^ ]*  *FAILED[^ ]*' "$log" | head -3 | tr -s ' ' | paste -sd, -)
+         [ -n "$detail" ] || detail="a check failed" ;;
+      *) verdict=BROKEN; detail="bazel exit $rc: $(grep -m1 -E 'error:|ERROR:' "$log" | cut -c1-160)" ;;
+    esac
+    rm -f "$log"
+  fi
+  restore
+  elapsed=$(( $(date +%s) - start ))
+  case $verdict in
+    CAUGHT) caught=$((caught + 1)) ;;
+    SURVIVED) survived=$((survived + 1)); survivors+=("$name: $why") ;;
+    BROKEN) broken=$((broken + 1)) ;;
+  esac
+  printf '%-9s %-48s %4ss  %s\n' "$verdict" "$name" "$elapsed" "$detail" | tee -a "$OUT"
+done
+counted=$((caught + survived))
+echo
+echo "mutants: ${#selected[@]} (broken, not counted: $broken); caught $caught of $counted" \
+     "($(( counted ? 100 * caught / counted : 0 )) %) in $(( $(date +%s) - start_all ))s" | tee -a "$OUT"
+if [ ${#survivors[@]} -gt 0 ]; then
+  echo "survivors (no check sees these bugs):" | tee -a "$OUT"
+  for s in "${survivors[@]}"; do echo "  $s" | tee -a "$OUT"; done
+fi
