@@ -46,11 +46,13 @@ void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at:
 }
 // [update_plain]
 
+// [constructor]
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
   // TODO(lesson1, step 3): Reject bad options with TORCH_CHECK and a message naming the option:
   // init_scale finite and > 0, growth_factor > 1, 0 < backoff_factor < 1, growth_interval > 0.
   TORCH_CHECK(false, "TODO(lesson1, step 3): GradScaler(options) is not implemented yet");
 }
+// [constructor]
 
 // [scale]
 at::Tensor GradScaler::scale(const at::Tensor& loss) {

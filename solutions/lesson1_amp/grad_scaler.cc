@@ -85,9 +85,11 @@ void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at:
 }
 // [update_plain]
 
+// [constructor]
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
   check_options(options.init_scale, options.growth_factor, options.backoff_factor, options.growth_interval);
 }
+// [constructor]
 
 // [scale]
 at::Tensor GradScaler::scale(const at::Tensor& loss) {
