@@ -35,19 +35,6 @@ std::vector<MicroBatch> split_batch(const at::Tensor& input, const at::Tensor& t
 }
 // [split_batch]
 
-// [loss_weights]
-std::vector<double> loss_weights(const std::vector<int64_t>& items, Normalization normalization) {
-  // TODO(lesson2, step 2): This is the naive rule (divide every micro-batch's mean by the number of
-  // micro-batches), right only when all micro-batches hold the same number of items. Keep it for
-  // Normalization::kMeanOfMeans; for kByItems weigh micro-batch i by items[i] / (sum of items). Reject an
-  // empty window and item counts <= 0 with TORCH_CHECK.
-  (void)normalization;
-  std::vector<double> weights;
-  for (size_t i = 0; i < items.size(); ++i) weights.push_back(1.0 / static_cast<double>(items.size()));
-  return weights;
-}
-// [loss_weights]
-
 // [accumulate_window]
 at::Tensor accumulate_window(const std::vector<MicroBatch>& window, const LossFn& loss_fn,
                              Normalization normalization) {
@@ -76,6 +63,19 @@ AccumulationStats train_accumulated(torch::optim::Optimizer& optimizer, const st
   TORCH_CHECK(false, "TODO(lesson2, step 1): train_accumulated() is not implemented yet");
 }
 // [train_accumulated]
+
+// [loss_weights]
+std::vector<double> loss_weights(const std::vector<int64_t>& items, Normalization normalization) {
+  // TODO(lesson2, step 2): This is the naive rule (divide every micro-batch's mean by the number of
+  // micro-batches), right only when all micro-batches hold the same number of items. Keep it for
+  // Normalization::kMeanOfMeans; for kByItems weigh micro-batch i by items[i] / (sum of items). Reject an
+  // empty window and item counts <= 0 with TORCH_CHECK.
+  (void)normalization;
+  std::vector<double> weights;
+  for (size_t i = 0; i < items.size(); ++i) weights.push_back(1.0 / static_cast<double>(items.size()));
+  return weights;
+}
+// [loss_weights]
 
 // [train_accumulated_amp]
 AccumulationStats train_accumulated_amp(torch::optim::Optimizer& optimizer, amp::GradScaler& scaler,

@@ -11,7 +11,8 @@ For every lesson given as --lesson N DIR SOLUTION_DIR TEST_BINARY...:
   * every message substring a check requires (CHECK_THROWS_WITH*(..., Contains("..."))) is announced to the
     learner: it appears in the lesson's headers or skeleton sources (a doc comment or a TODO), so nobody has to
     guess the wording. Numbers in it stand for values the message reports, and a substring the call itself
-    spells out (a path it passes) is an echo of the input.
+    spells out (a path it passes) is an echo of the input;
+  * in each skeleton source the TODOs appear in step order (a learner reads the file top to bottom).
 The skeleton test binaries were built by Bazel, which is itself the check that every skeleton compiles.
 """
 import argparse
@@ -117,6 +118,16 @@ def check_lesson(number, lesson_dir, solution_dir, binaries, problems):
     for path in sources(solution_dir):
         if "TODO(lesson" in open(path, encoding="utf-8").read():
             fail(problems, "%s contains a TODO(lesson...) marker; solutions ship solved" % path)
+
+    # TODOs in step order within each skeleton file.
+    todo = re.compile(r"TODO\(lesson%s, step (\d+)\)" % number)
+    for path in sources(lesson_dir):
+        if path.endswith(("_test.cc", "demo.cc")):
+            continue
+        order = [int(k) for k in todo.findall(open(path, encoding="utf-8").read())]
+        if order != sorted(order):
+            fail(problems, "%s: the TODOs are not in step order (steps %s, top to bottom); a learner reads the "
+                 "file from the top" % (path, order))
 
     # The wording of every required message is announced in a header or the skeleton.
     test_sources = [p for p in sources(lesson_dir) if p.endswith("_test.cc")]

@@ -31,6 +31,9 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from progress import first_failure  # noqa: E402  (the same reading of doctest's XML as //:progress)
+
 MARKER = re.compile(r"^\s*//\s*\[([A-Za-z0-9_]+)\]\s*$")
 STEP_HEADING = re.compile(r"^#+\s*Step\s+(\d+)\b", re.MULTILINE)
 STEP_TAG = re.compile(r"^\[step(\d+)\]")
@@ -190,17 +193,8 @@ def run_cases(binary, cwd):
         ok = overall is not None and overall.get("test_case_success") == "true"
         message = ""
         if not ok:
-            for node in case.iter():
-                if node.tag == "Expression" and node.get("success") == "false":
-                    detail = node.find("Exception")
-                    if detail is None:
-                        detail = node.find("Expanded")
-                    where = "%s:%s" % (os.path.basename(node.get("filename", "")), node.get("line"))
-                    message = "%s: %s" % (where, " ".join((detail.text or "").split()) if detail is not None else "")
-                    break
-                if node.tag == "Exception" and "will translate later" not in (node.text or ""):
-                    message = "threw: " + " ".join((node.text or "").split())
-            message = message[:240]
+            where, message = first_failure(case, "%s:%s" % (case.get("filename"), case.get("line")))
+            message = ("%s: %s" % (where, message))[:300]
         cases.append((case.get("name"), "passed" if ok else "failed", message))
     return cases, None
 
