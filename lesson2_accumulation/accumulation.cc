@@ -7,9 +7,7 @@
 #include <cmath>
 #include <numeric>
 
-#include <ATen/ATen.h>
-#include <torch/types.h>  // clip_grad.h needs torch::Tensor declared first
-#include <torch/nn/utils/clip_grad.h>
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
 #include <torch/optim/optimizer.h>
 
 #include "common/memory_meter.h"
@@ -84,7 +82,7 @@ AccumulationStats train_accumulated_amp(torch::optim::Optimizer& optimizer, amp:
   // TODO(lesson2, step 3): The loop of train_accumulated, with three changes. Run loss_fn inside an
   // amp::AutocastGuard(amp_options.device, amp_options.dtype, amp_options.autocast) scope; backward on
   // scaler.scale(loss.to(at::kFloat) * weight) for every micro-batch; after the window: unscale_ and clip
-  // when amp_options.max_grad_norm > 0, then scaler.step() (it may skip) and scaler.update() — once per
+  // (amp::clip_grad_norm_, given by lesson 1) when amp_options.max_grad_norm > 0, then scaler.step() (it may skip) and scaler.update() — once per
   // window, never inside it. Count skipped windows.
   (void)optimizer;
   (void)scaler;
