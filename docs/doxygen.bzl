@@ -77,16 +77,43 @@ def _doxygen_site_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name)
     pages = ctx.file.pages.path
     headers = [f.path for f in ctx.files.srcs if f.extension == "h"]
-    inputs = " ".join([pages] + ctx.attr.inputs + headers)
+    inputs = " ".join(ctx.attr.inputs + headers)
     ctx.actions.run_shell(
         outputs = [out],
         inputs = ctx.files.srcs + [ctx.file.doxyfile, ctx.file.pages],
         command = """
 set -e
 export DOXYGEN_OUT="$(mktemp -d)"
-export DOXYGEN_INPUT="{inputs}"
+# The generated pages, copied to one flat folder with a name per page (lesson1_amp/README.md becomes
+# lesson1_amp.md): Doxygen names a file's HTML page after its path when two inputs share a name, and the path
+# of the generated pages is Bazel's output tree, which no page name or title should show.
+export DOXYGEN_PAGES="$DOXYGEN_OUT/pages"
+mkdir -p "$DOXYGEN_PAGES"
+(cd {pages} && find . -name '*.md') | while read -r page; do
+  flat=$(printf '%s' "${{page#./}}" | sed -e 's|/README\\.md$|.md|' -e 's|/|_|g')
+  cp "{pages}/$page" "$DOXYGEN_PAGES/$flat"
+done
+export DOXYGEN_INPUT="$DOXYGEN_PAGES {inputs}"
 export DOXYGEN_IMAGES="{pages}/images"
-export DOXYGEN_MAINPAGE="{pages}/mainpage.md"
+export DOXYGEN_MAINPAGE="$DOXYGEN_PAGES/mainpage.md"
+# The theme: doxygen-awesome-css (Debian package, installed by tools/setup.sh) with its dark-mode toggle and
+# copy buttons on code fragments, which need two scripts in the page header. Without the package the site
+# falls back to Doxygen's own look (and //docs:site_test says so).
+theme=/usr/share/doxygen-awesome-css
+export DOXYGEN_HEADER="" DOXYGEN_THEME_CSS="" DOXYGEN_THEME_JS=""
+if [ -f "$theme/doxygen-awesome.css" ]; then
+  export DOXYGEN_THEME_CSS="$theme/doxygen-awesome.css"
+  export DOXYGEN_THEME_JS="$theme/doxygen-awesome-darkmode-toggle.js $theme/doxygen-awesome-fragment-copy-button.js"
+  doxygen -w html "$DOXYGEN_OUT/header.html" "$DOXYGEN_OUT/footer.html" "$DOXYGEN_OUT/unused.css" {doxyfile} \
+    > "$DOXYGEN_OUT/header_log.txt" 2>&1 || {{ cat "$DOXYGEN_OUT/header_log.txt" >&2; exit 1; }}
+  scripts='<script type="text/javascript" src="$relpath^doxygen-awesome-darkmode-toggle.js"></script>'
+  scripts="$scripts"'<script type="text/javascript" src="$relpath^doxygen-awesome-fragment-copy-button.js"></script>'
+  scripts="$scripts"'<script type="text/javascript">DoxygenAwesomeDarkModeToggle.init(); DoxygenAwesomeFragmentCopyButton.init();</script>'
+  sed -i "s|</head>|$scripts</head>|" "$DOXYGEN_OUT/header.html"
+  export DOXYGEN_HEADER="$DOXYGEN_OUT/header.html"
+else
+  echo "note: $theme is missing (Debian package doxygen-awesome-css, see tools/setup.sh): plain Doxygen theme" >&2
+fi
 if ! doxygen {doxyfile} > "$DOXYGEN_OUT/log.txt" 2>&1; then
   cat "$DOXYGEN_OUT/log.txt" >&2
   echo "doxygen failed (warnings are errors)" >&2

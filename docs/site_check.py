@@ -7,7 +7,10 @@
 - every internal link (href/src) of every HTML file points at a file of the site, and its #anchor exists there;
 - every image is a non-empty file, and every plot a page asks for (\\image) is on that page;
 - every \\snippet of a lesson page is on the built page, character for character (whitespace aside);
-- every lesson page links to the previous and next ready lessons, the results page, and each step to its checks.
+- every lesson page links to the previous and next ready lessons, the results page, and each step to its checks;
+- no page's file name or text shows Bazel's output tree (bazel-out, k8-fastbuild, ...);
+- the pages use the doxygen-awesome theme (Debian's doxygen-awesome-css) with its dark-mode toggle and the copy
+  buttons on code fragments.
 Prints "N passed, M failed" and exits non-zero on any failure.
 """
 import html
@@ -78,6 +81,31 @@ def main():
     required = ["index.html", "results.html", "md_README.html"] + ["lesson%d.html" % l["number"] for l in ready]
     for name in required:
         check(os.path.isfile(os.path.join(site, name)), "missing page " + name)
+
+    output_tree = re.compile(r"bazel-out|k8-fastbuild|_2bin_2|execroot")
+    leaks = []
+    for root, _, files in os.walk(site):
+        for name in files:
+            rel = os.path.relpath(os.path.join(root, name), site)
+            if output_tree.search(rel):
+                leaks.append("file name " + rel)
+            elif name.endswith((".html", ".js")):
+                text = open(os.path.join(root, name), encoding="utf-8", errors="replace").read()
+                m = output_tree.search(text)
+                if m:
+                    leaks.append("%s shows '%s'" % (rel, text[max(0, m.start() - 40):m.end() + 40].strip()))
+    for leak in leaks[:10]:
+        print("FAIL: Bazel's output tree shows in the site: " + leak)
+    check(not leaks, "%d page names or texts show Bazel's output tree" % len(leaks))
+
+    index = open(os.path.join(site, "index.html"), encoding="utf-8").read() if os.path.isfile(
+        os.path.join(site, "index.html")) else ""
+    for asset in ["doxygen-awesome.css", "doxygen-awesome-darkmode-toggle.js",
+                  "doxygen-awesome-fragment-copy-button.js"]:
+        check(asset in index and os.path.isfile(os.path.join(site, asset)),
+              "the theme's %s is not on the site (install doxygen-awesome-css: bash tools/setup.sh)" % asset)
+    check("DoxygenAwesomeDarkModeToggle.init" in index and "DoxygenAwesomeFragmentCopyButton.init" in index,
+          "the dark-mode toggle and the copy buttons are not switched on in the page header")
 
     pages = {}
     for root, _, files in os.walk(site):

@@ -197,6 +197,9 @@ TEST_CASE("[step2] the outermost guard clears the cache of 16-bit weight copies,
   const auto weight = torch::randn({4, 4}, torch::requires_grad());
   const auto input = torch::randn({2, 4});
   const size_t weak_before = weight.weak_use_count();
+  CAPTURE(weak_before);
+  INFO("weak_use_count() counts weak references to the weight; autocast's cache of its bfloat16 copy holds one "
+       "until the cache is cleared (at::autocast::clear_cache() when the outermost guard exits)");
   {
     amp::AutocastGuard outer(torch::kCPU);
     {

@@ -20,34 +20,6 @@
 
 namespace amp {
 
-// [unscale_plain]
-void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
-  // TODO(lesson1, step 4): For every gradient: if it holds an inf or NaN, set found_inf to 1 (hint:
-  // isfinite(), all(), masked_fill_ — no .item(), keep it on the device); multiply it in place by inv_scale.
-  // Record no autograd history while doing so (at::NoGradGuard, <ATen/core/grad_mode.h>).
-  (void)grads;
-  (void)found_inf;
-  (void)inv_scale;
-  TORCH_CHECK(false, "TODO(lesson1, step 4): unscale_grads_plain() is not implemented yet");
-}
-// [unscale_plain]
-
-// [update_plain]
-void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
-                        double growth_factor, double backoff_factor, int64_t growth_interval) {
-  // TODO(lesson1, step 6): Overflow (found_inf != 0, NaN included): scale *= backoff_factor, tracker = 0.
-  // Otherwise tracker + 1; when that equals growth_interval, scale *= growth_factor unless the result is inf,
-  // and tracker = 0. Update both tensors in place (copy_ / fill_); at::where keeps it free of host syncs.
-  (void)scale;
-  (void)growth_tracker;
-  (void)found_inf;
-  (void)growth_factor;
-  (void)backoff_factor;
-  (void)growth_interval;
-  TORCH_CHECK(false, "TODO(lesson1, step 6): update_scale_plain() is not implemented yet");
-}
-// [update_plain]
-
 // [constructor]
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
   // TODO(lesson1, step 3): Reject bad options with TORCH_CHECK and a message naming the option:
@@ -65,6 +37,18 @@ at::Tensor GradScaler::scale(const at::Tensor& loss) {
   TORCH_CHECK(false, "TODO(lesson1, step 3): GradScaler::scale() is not implemented yet");
 }
 // [scale]
+
+// [unscale_plain]
+void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  // TODO(lesson1, step 4): For every gradient: if it holds an inf or NaN, set found_inf to 1 (hint:
+  // isfinite(), all(), masked_fill_ — no .item(), keep it on the device); multiply it in place by inv_scale.
+  // Record no autograd history while doing so (at::NoGradGuard, <ATen/core/grad_mode.h>).
+  (void)grads;
+  (void)found_inf;
+  (void)inv_scale;
+  TORCH_CHECK(false, "TODO(lesson1, step 4): unscale_grads_plain() is not implemented yet");
+}
+// [unscale_plain]
 
 // [unscale]
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
@@ -87,6 +71,22 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   TORCH_CHECK(false, "TODO(lesson1, step 5): GradScaler::step() is not implemented yet");
 }
 // [step]
+
+// [update_plain]
+void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                        double growth_factor, double backoff_factor, int64_t growth_interval) {
+  // TODO(lesson1, step 6): Overflow (found_inf != 0, NaN included): scale *= backoff_factor, tracker = 0.
+  // Otherwise tracker + 1; when that equals growth_interval, scale *= growth_factor unless the result is inf,
+  // and tracker = 0. Update both tensors in place (copy_ / fill_); at::where keeps it free of host syncs.
+  (void)scale;
+  (void)growth_tracker;
+  (void)found_inf;
+  (void)growth_factor;
+  (void)backoff_factor;
+  (void)growth_interval;
+  TORCH_CHECK(false, "TODO(lesson1, step 6): update_scale_plain() is not implemented yet");
+}
+// [update_plain]
 
 // [update]
 void GradScaler::update() {

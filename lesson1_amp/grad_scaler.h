@@ -96,15 +96,24 @@ class GradScaler {
   at::Tensor scale(const at::Tensor& loss);
 
   /// Step 4. Divides the optimizer's gradients by the scale in place and records whether any is inf/NaN.
-  /// At most once per optimizer between update()s, and never after step().
+  /// At most once per optimizer between update()s, and never after step(). Errors, each message saying
+  /// what happened: called before scale() ("before scale"); called again for this optimizer since the last
+  /// update() ("already been called"); called after step() ("after step"); float16 gradients ("float16":
+  /// the master weights must stay float32); no parameter of the optimizer has a gradient ("no parameter").
+  /// A disabled scaler does nothing.
   void unscale_(torch::optim::Optimizer& optimizer);
 
   /// Step 5. Unscales if unscale_() was not called, then runs optimizer.step() unless an inf/NaN was found.
-  /// Returns true if the optimizer stepped. At most once per optimizer between update()s.
+  /// Returns true if the optimizer stepped. At most once per optimizer between update()s. Errors: called
+  /// before scale() ("before scale"); called again for this optimizer since the last update() ("already
+  /// been called"); and those of unscale_() when it unscales here (e.g. "no parameter" has a gradient).
+  /// A disabled scaler just runs optimizer.step().
   bool step(torch::optim::Optimizer& optimizer);
 
   /// Step 6. Backs the scale off if any optimizer saw an inf/NaN since the last update, else counts a clean
-  /// step towards growth. Call once per iteration, after step().
+  /// step towards growth. Call once per iteration, after step(). Errors: called before scale() ("before
+  /// scale"); no optimizer was unscaled or stepped since the last update(), so there are "no inf checks" to
+  /// combine. A disabled scaler does nothing.
   void update();
 
   /// Step 6. Sets the scale to `new_scale` (finite and > 0) instead of adapting it, as PyTorch's

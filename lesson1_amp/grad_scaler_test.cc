@@ -373,12 +373,15 @@ TEST_CASE("[step6] update_scale_plain follows the state machine: scale 4, growth
   const auto clean = torch::zeros({1});
   const auto inf = torch::ones({1});
   amp::update_scale_plain(scale, tracker, clean, 2.0, 0.25, 2);
+  INFO("after 1 clean step (interval 2): the tracker counts it, the scale stays");
   CHECK(tracker.item<int>() == 1);
   CHECK(scale.item<float>() == 4.0f);
   amp::update_scale_plain(scale, tracker, clean, 2.0, 0.25, 2);
+  INFO("after 2 clean steps: the scale grows by 2 and the tracker resets to 0");
   CHECK(tracker.item<int>() == 0);
   CHECK(scale.item<float>() == 8.0f);
   amp::update_scale_plain(scale, tracker, inf, 2.0, 0.25, 2);
+  INFO("after a step with inf: the scale backs off by 0.25 and the tracker resets to 0");
   CHECK(tracker.item<int>() == 0);
   CHECK(scale.item<float>() == 2.0f);
 }
@@ -487,6 +490,7 @@ TEST_CASE("[step6] growth never makes the scale inf") {
   auto tracker = torch::zeros({1}, torch::kInt);
   amp::update_scale_plain(scale, tracker, torch::zeros({1}), 2.0, 0.5, 1);
   CHECK(scale.item<double>() == largest_power_of_two);
+  INFO("a growth the scale skips because it would be inf still resets the tracker, as ATen's _amp_update_scale_");
   CHECK(tracker.item<int>() == 0);
 
   Problem problem;

@@ -7,9 +7,7 @@
 #include <cmath>
 #include <numeric>
 
-#include <ATen/ATen.h>
-#include <torch/types.h>  // clip_grad.h needs torch::Tensor declared first
-#include <torch/nn/utils/clip_grad.h>
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
 #include <torch/optim/optimizer.h>
 
 #include "common/memory_meter.h"
@@ -34,19 +32,6 @@ std::vector<MicroBatch> split_batch(const at::Tensor& input, const at::Tensor& t
   TORCH_CHECK(false, "TODO(lesson2, step 1): split_batch() is not implemented yet");
 }
 // [split_batch]
-
-// [loss_weights]
-std::vector<double> loss_weights(const std::vector<int64_t>& items, Normalization normalization) {
-  // TODO(lesson2, step 2): This is the naive rule (divide every micro-batch's mean by the number of
-  // micro-batches), right only when all micro-batches hold the same number of items. Keep it for
-  // Normalization::kMeanOfMeans; for kByItems weigh micro-batch i by items[i] / (sum of items). Reject an
-  // empty window and item counts <= 0 with TORCH_CHECK.
-  (void)normalization;
-  std::vector<double> weights;
-  for (size_t i = 0; i < items.size(); ++i) weights.push_back(1.0 / static_cast<double>(items.size()));
-  return weights;
-}
-// [loss_weights]
 
 // [accumulate_window]
 at::Tensor accumulate_window(const std::vector<MicroBatch>& window, const LossFn& loss_fn,
@@ -77,6 +62,19 @@ AccumulationStats train_accumulated(torch::optim::Optimizer& optimizer, const st
 }
 // [train_accumulated]
 
+// [loss_weights]
+std::vector<double> loss_weights(const std::vector<int64_t>& items, Normalization normalization) {
+  // TODO(lesson2, step 2): This is the naive rule (divide every micro-batch's mean by the number of
+  // micro-batches), right only when all micro-batches hold the same number of items. Keep it for
+  // Normalization::kMeanOfMeans; for kByItems weigh micro-batch i by items[i] / (sum of items). Reject an
+  // empty window and item counts <= 0 with TORCH_CHECK.
+  (void)normalization;
+  std::vector<double> weights;
+  for (size_t i = 0; i < items.size(); ++i) weights.push_back(1.0 / static_cast<double>(items.size()));
+  return weights;
+}
+// [loss_weights]
+
 // [train_accumulated_amp]
 AccumulationStats train_accumulated_amp(torch::optim::Optimizer& optimizer, amp::GradScaler& scaler,
                                         const std::vector<MicroBatch>& micro_batches, const LossFn& loss_fn,
@@ -84,7 +82,7 @@ AccumulationStats train_accumulated_amp(torch::optim::Optimizer& optimizer, amp:
   // TODO(lesson2, step 3): The loop of train_accumulated, with three changes. Run loss_fn inside an
   // amp::AutocastGuard(amp_options.device, amp_options.dtype, amp_options.autocast) scope; backward on
   // scaler.scale(loss.to(at::kFloat) * weight) for every micro-batch; after the window: unscale_ and clip
-  // when amp_options.max_grad_norm > 0, then scaler.step() (it may skip) and scaler.update() — once per
+  // (amp::clip_grad_norm_, given by lesson 1) when amp_options.max_grad_norm > 0, then scaler.step() (it may skip) and scaler.update() — once per
   // window, never inside it. Count skipped windows.
   (void)optimizer;
   (void)scaler;

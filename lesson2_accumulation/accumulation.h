@@ -40,7 +40,7 @@ using LossFn = std::function<at::Tensor(const MicroBatch&)>;
 
 /// Step 1. Splits a batch into micro-batches of `micro_batch_size` items, in order; the last one holds the
 /// remainder when the batch does not divide evenly. The micro-batches are views (no copy). Errors: an empty
-/// or undefined batch, input and target with different item counts, micro_batch_size <= 0.
+/// or undefined batch ("empty batch"), input and target with different item counts, micro_batch_size <= 0.
 std::vector<MicroBatch> split_batch(const at::Tensor& input, const at::Tensor& target, int64_t micro_batch_size);
 
 /// How the micro-batches' mean losses are combined into the window's loss.
@@ -50,7 +50,8 @@ enum class Normalization {
 };
 
 /// Step 2. The weight of each micro-batch's mean loss, given the item count of every micro-batch of one window.
-/// kByItems: items[i] / sum(items). kMeanOfMeans: 1 / items.size(). Errors: no micro-batch, an item count <= 0.
+/// kByItems: items[i] / sum(items). kMeanOfMeans: 1 / items.size(). Errors: no micro-batch
+/// ("at least one micro-batch"), an item count <= 0 ("at least one item").
 std::vector<double> loss_weights(const std::vector<int64_t>& items, Normalization normalization);
 
 /// How train_accumulated groups micro-batches.
@@ -70,15 +71,16 @@ struct AccumulationStats {
 
 /// Step 1. Runs forward and backward on every micro-batch of one window, each mean loss multiplied by its
 /// loss_weights() weight, so that the gradients ADD UP in .grad to those of the whole window. Neither zeroes
-/// nor steps. Returns the window's loss, detached. Errors: an empty window, a micro-batch whose input and
-/// target differ in items or that has no item, a loss that is not a scalar.
+/// nor steps. Returns the window's loss, detached. Errors: an empty window ("empty window"), a micro-batch
+/// whose input and target differ in items or that has no item (micro-batch i "is empty"), a loss that is not
+/// a scalar.
 at::Tensor accumulate_window(const std::vector<MicroBatch>& window, const LossFn& loss_fn,
                              Normalization normalization = Normalization::kByItems);
 
 /// Step 1. One pass over `micro_batches` in windows of K = options.accumulation_steps consecutive
 /// micro-batches (the last window holds what is left): per window zero the gradients, accumulate_window(),
 /// then step the optimizer once. After it returns, .grad holds the last window's accumulated gradients.
-/// Errors: K <= 0, no micro-batch.
+/// Errors: K <= 0 (naming "accumulation_steps"), no micro-batch at all ("empty batch").
 AccumulationStats train_accumulated(torch::optim::Optimizer& optimizer, const std::vector<MicroBatch>& micro_batches,
                                     const LossFn& loss_fn, const AccumulationOptions& options = {});
 
@@ -87,6 +89,7 @@ AccumulationStats train_accumulated(torch::optim::Optimizer& optimizer, const st
 /// the scale stays fixed inside a window; once per window: unscale (and clip if amp_options.max_grad_norm
 /// > 0), scaler.step, scaler.update. An inf/NaN in any micro-batch skips the whole window and backs the scale
 /// off once.
+/// Errors: those of train_accumulated ("accumulation_steps", "empty batch").
 AccumulationStats train_accumulated_amp(torch::optim::Optimizer& optimizer, amp::GradScaler& scaler,
                                         const std::vector<MicroBatch>& micro_batches, const LossFn& loss_fn,
                                         const AccumulationOptions& options = {},

@@ -1,11 +1,17 @@
 // The single doctest main of the repository. Before running, it names the device and lists the GPU-only test
-// cases that will be skipped here, with the reason, so a green run on a CPU machine never hides them.
+// cases that will be skipped here, with the reason (once), so a green run on a CPU machine never hides them.
+// A run whose filters select no test case at all fails: `--test-case='*step[45]*'` (doctest knows only the
+// wildcards * and ?) must not look like a pass.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "tests/torch_doctest.h"
 
 #include <cstring>
+#include <initializer_list>
 #include <iostream>
 #include <set>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
@@ -20,29 +26,66 @@ std::set<TestCase>& getRegisteredTests();  // defined by DOCTEST_CONFIG_IMPLEMEN
 // LibTorch's c10::Error::what() carries a C++ backtrace; the message alone is what a learner needs.
 REGISTER_EXCEPTION_TRANSLATOR(const c10::Error& error) { return doctest::String(error.what_without_backtrace()); }
 
-int main(int argc, char** argv) {
-  doctest::Context context;
-  context.applyCommandLine(argc, argv);
+namespace {
 
-  bool quiet = false;
+// How many test cases the last run's filters let through (a doctest listener sees the run's statistics).
+unsigned g_selected = 0;
+
+struct SelectionListener : public doctest::IReporter {
+  explicit SelectionListener(const doctest::ContextOptions&) {}
+  void report_query(const doctest::QueryData& data) override {
+    if (data.run_stats != nullptr) g_selected = data.run_stats->numTestCasesPassingFilters;
+  }
+  void test_run_start() override {}
+  void test_run_end(const doctest::TestRunStats& stats) override { g_selected = stats.numTestCasesPassingFilters; }
+  void test_case_start(const doctest::TestCaseData&) override {}
+  void test_case_reenter(const doctest::TestCaseData&) override {}
+  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
+  void test_case_exception(const doctest::TestCaseException&) override {}
+  void subcase_start(const doctest::SubcaseSignature&) override {}
+  void subcase_end() override {}
+  void log_assert(const doctest::AssertData&) override {}
+  void log_message(const doctest::MessageData&) override {}
+  void test_case_skipped(const doctest::TestCaseData&) override {}
+};
+
+// True if a doctest option of the command line (-name, --name or --dt-name, with or without =value) is one of
+// `names`.
+bool has_option(int argc, char** argv, std::initializer_list<const char*> names) {
   for (int i = 1; i < argc; ++i) {
-    if (std::strstr(argv[i], "list-test") || std::strstr(argv[i], "-ltc") || std::strstr(argv[i], "reporters=xml") ||
-        std::strstr(argv[i], "-r=xml") || std::strstr(argv[i], "reporters=junit") || std::strstr(argv[i], "-r=junit")) {
-      quiet = true;  // keep machine-readable output clean
+    std::string option(argv[i]);
+    if (option.rfind("-", 0) != 0) continue;
+    option.erase(0, option.find_first_not_of('-'));
+    if (option.rfind("dt-", 0) == 0) option.erase(0, 3);
+    option = option.substr(0, option.find('='));
+    for (const char* name : names) {
+      if (option == name) return true;
     }
   }
+  return false;
+}
+
+}  // namespace
+
+REGISTER_LISTENER("workshop_selection", 1, SelectionListener);
+
+int main(int argc, char** argv) {
+  const bool query = has_option(argc, argv, {"list-test-cases", "ltc", "list-test-suites", "lts", "count", "c", "help",
+                                             "h", "?", "version", "v", "list-reporters", "lr"});
+  bool machine_readable = false;  // keep XML/JUnit output clean
+  for (int i = 1; i < argc; ++i) {
+    machine_readable |= std::strstr(argv[i], "xml") != nullptr || std::strstr(argv[i], "junit") != nullptr;
+  }
+  const bool quiet = query || machine_readable;
   if (!quiet) {
     std::cout << "[workshop] LibTorch " << TORCH_VERSION << ", "
               << (workshop::testing::cuda_usable()
                       ? "CUDA devices: " + std::to_string(torch::cuda::device_count())
                       : std::string("CPU only"))
               << "\n";
-    const std::string reason = workshop::testing::gpu_skip_reason();
+    std::vector<const char*> gpu_cases;
     for (const auto& test : doctest::detail::getRegisteredTests()) {
-      if (test.m_skip && std::strcmp(test.m_test_suite, "gpu") == 0) {
-        std::cout << "[workshop] SKIPPED (GPU case): " << test.m_name << "\n"
-                  << "           reason: " << reason << "\n";
-      }
+      if (test.m_skip && std::strcmp(test.m_test_suite, "gpu") == 0) gpu_cases.push_back(test.m_name);
       if (test.m_skip && std::strcmp(test.m_test_suite, "multi_gpu") == 0) {
         // Not a "GPU case" skip: one GPU is a complete GPU machine for every other check (tools/gpu_check.sh).
         std::cout << "[workshop] SKIPPED (multi-GPU case): " << test.m_name << "\n"
@@ -50,6 +93,33 @@ int main(int argc, char** argv) {
                   << (workshop::testing::cuda_usable() ? torch::cuda::device_count() : 0) << " CUDA device(s)\n";
       }
     }
+    if (!gpu_cases.empty()) {
+      std::cout << "[workshop] " << gpu_cases.size() << " GPU case(s) SKIPPED here: "
+                << workshop::testing::gpu_skip_reason() << "\n";
+      for (const char* name : gpu_cases) std::cout << "           - " << name << "\n";
+    }
   }
-  return context.run();
+
+  doctest::Context context;
+  context.applyCommandLine(argc, argv);
+  const int result = context.run();
+  if (query || context.shouldExit() || g_selected > 0) return result;
+
+  // Nothing ran. Fine if the filters chose only GPU cases that are skipped on this machine; otherwise a typo
+  // or an unsupported pattern, which must not pass.
+  std::vector<const char*> args(argv, argv + argc);
+  args.push_back("--count");
+  args.push_back("--no-skip");
+  std::ostringstream discard;
+  doctest::Context count;
+  count.applyCommandLine(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  count.setCout(&discard);
+  count.run();
+  if (g_selected > 0) {
+    std::cout << "[workshop] the filters select only GPU cases, skipped on this machine\n";
+    return result;
+  }
+  std::cout << "[workshop] FAILED: the filters select no test case. doctest's patterns know only * and ?;\n"
+            << "           a comma separates alternatives: --test_arg=--test-case='*step4*,*step5*'\n";
+  return 1;
 }

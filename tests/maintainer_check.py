@@ -7,7 +7,12 @@ For every lesson given as --lesson N DIR SOLUTION_DIR TEST_BINARY...:
   * against the pristine skeleton, every test case of every step FAILS (a GPU case may be skipped where there
     is no GPU): a check that passes against the skeleton cannot tell a learner anything;
   * the skeleton's sources hold a "TODO(lessonN, step K)" marker for every step, and no solution source holds
-    any "TODO(lesson" marker.
+    any "TODO(lesson" marker;
+  * every message substring a check requires (CHECK_THROWS_WITH*(..., Contains("..."))) is announced to the
+    learner: it appears in the lesson's headers or skeleton sources (a doc comment or a TODO), so nobody has to
+    guess the wording. Numbers in it stand for values the message reports, and a substring the call itself
+    spells out (a path it passes) is an echo of the input;
+  * in each skeleton source the TODOs appear in step order (a learner reads the file top to bottom).
 The skeleton test binaries were built by Bazel, which is itself the check that every skeleton compiles.
 """
 import argparse
@@ -20,6 +25,9 @@ import xml.etree.ElementTree as ET
 
 STEP_HEADING = re.compile(r"^#+\s*Step\s+(\d+)\b", re.MULTILINE)
 STEP_TAG = re.compile(r"^\[step(\d+)\]")
+THROWS_WITH = re.compile(r"\b(?:CHECK|REQUIRE|WARN)_THROWS_WITH(?:_AS)?(?:_MESSAGE)?\s*\(")
+CONTAINS = re.compile(r'Contains\(\s*"((?:[^"\\]|\\.)*)"\s*\)')
+NUMBER = re.compile(r"-?\d[\d.e+-]*")
 
 
 def fail(problems, message):
@@ -54,6 +62,43 @@ def sources(folder):
     return [p for p in glob.glob(os.path.join(folder, "*")) if p.endswith((".cc", ".h"))]
 
 
+def throws_with_calls(text):
+    """[(line, argument text)] of every CHECK_THROWS_WITH*(...) call in `text` (strings and parentheses aware)."""
+    calls = []
+    for match in THROWS_WITH.finditer(text):
+        i, depth = match.end(), 1
+        while depth and i < len(text):
+            c = text[i]
+            if c == '"':
+                i += 1
+                while i < len(text) and text[i] != '"':
+                    i += 2 if text[i] == "\\" else 1
+            elif c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+            i += 1
+        calls.append((text.count("\n", 0, match.start()) + 1, text[match.end():i - 1]))
+    return calls
+
+
+def unannounced_messages(lesson_dir, test_sources):
+    """[(test file:line, substring)] the checks require but no learner-visible file of the lesson mentions."""
+    learner = [p for p in sources(lesson_dir) if not p.endswith(("_test.cc", "demo.cc"))]
+    announced = "".join(open(p, encoding="utf-8").read() for p in learner)
+    missing = []
+    for path in test_sources:
+        for line, call in throws_with_calls(open(path, encoding="utf-8").read()):
+            expression = CONTAINS.sub("", call)
+            for wanted in CONTAINS.findall(call):
+                if wanted in expression:
+                    continue  # the message echoes an argument the call passes (a path, a name)
+                pieces = [p.strip() for p in NUMBER.split(wanted) if p.strip()]
+                if not all(p in announced for p in pieces):
+                    missing.append(("%s:%d" % (os.path.basename(path), line), wanted))
+    return missing
+
+
 def check_lesson(number, lesson_dir, solution_dir, binaries, problems):
     print("lesson %s (%s):" % (number, lesson_dir))
     readme = os.path.join(lesson_dir, "README.md")
@@ -73,6 +118,23 @@ def check_lesson(number, lesson_dir, solution_dir, binaries, problems):
     for path in sources(solution_dir):
         if "TODO(lesson" in open(path, encoding="utf-8").read():
             fail(problems, "%s contains a TODO(lesson...) marker; solutions ship solved" % path)
+
+    # TODOs in step order within each skeleton file.
+    todo = re.compile(r"TODO\(lesson%s, step (\d+)\)" % number)
+    for path in sources(lesson_dir):
+        if path.endswith(("_test.cc", "demo.cc")):
+            continue
+        order = [int(k) for k in todo.findall(open(path, encoding="utf-8").read())]
+        if order != sorted(order):
+            fail(problems, "%s: the TODOs are not in step order (steps %s, top to bottom); a learner reads the "
+                 "file from the top" % (path, order))
+
+    # The wording of every required message is announced in a header or the skeleton.
+    test_sources = [p for p in sources(lesson_dir) if p.endswith("_test.cc")]
+    for where, wanted in unannounced_messages(lesson_dir, test_sources):
+        fail(problems, '%s requires the message to contain "%s", but no header or TODO of %s says so; announce '
+             "it in the doc comment of the function (or its TODO)" % (where, wanted, lesson_dir))
+    print("  required message wording checked in %d test file(s)" % len(test_sources))
 
     # Every test case fails against the pristine skeleton.
     tagged_steps = set()

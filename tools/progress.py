@@ -97,20 +97,50 @@ def run_checks(binary, root):
         ok = overall is not None and overall.get("test_case_success") == "true"
         message = ""
         if not ok:
-            for node in case.iter():
-                if node.tag == "Expression" and node.get("success") == "false":
-                    where = "%s:%s" % (node.get("filename"), node.get("line"))
-                    exception = node.find("Exception")
-                    expanded = node.find("Expanded")
-                    original = node.find("Original")
-                    detail = exception if exception is not None else (expanded if expanded is not None else original)
-                    message = " ".join((detail.text or "").split()) if detail is not None else ""
-                    break
-                if node.tag == "Exception":
-                    message = "threw: " + " ".join((node.text or "").split())
-                    break
+            where, message = first_failure(case, where)
         cases.append((name, "passed" if ok else "failed", where, message))
     return cases, None
+
+
+PLACEHOLDER = "will translate later"  # doctest's note for an exception thrown inside a SUBCASE
+
+
+def first_failure(case, where):
+    """(file:line, message) that best explains why a doctest <TestCase> failed.
+
+    Candidates in document order: failed assertions (with the exception they caught, if any) and exceptions
+    that escaped the test case. doctest reports an exception that leaves a SUBCASE twice: inside the subcase as
+    a placeholder ("will translate later") and at the test case's end with the real message; the placeholder is
+    skipped. A message naming a TODO wins (the innermost unimplemented code is what to do next); otherwise
+    the first candidate.
+    """
+    candidates, thrown_in = [], [""]  # thrown_in: the subcase an exception left, from doctest's placeholder
+
+    def visit(node, subcase):
+        for child in node:
+            if child.tag == "SubCase":
+                visit(child, (subcase + " / " if subcase else "") + (child.get("name") or ""))
+            elif child.tag == "Expression" and child.get("success") == "false":
+                detail = child.find("Exception")
+                if detail is None:
+                    detail = child.find("Expanded")
+                if detail is None:
+                    detail = child.find("Original")
+                text = " ".join((detail.text or "").split()) if detail is not None else ""
+                candidates.append(("%s:%s" % (child.get("filename"), child.get("line")), text, subcase))
+            elif child.tag == "Exception" and PLACEHOLDER in (child.text or ""):
+                thrown_in[0] = subcase
+            elif child.tag == "Exception":
+                candidates.append((where, "threw: " + " ".join((child.text or "").split()), subcase or thrown_in[0]))
+
+    visit(case, "")
+    if not candidates:
+        return where, ""
+    todo = [c for c in candidates if "TODO(" in c[1]]
+    place, text, subcase = (todo or candidates)[0]
+    if subcase:
+        text = "in subcase \"%s\": %s" % (subcase, text)
+    return place, text
 
 
 def steps_of(lesson, root):

@@ -81,5 +81,25 @@ for lesson in lessons[:-1]:
           "lesson %d is not checked when lesson %d does not compile" % (lesson["number"], broken["number"]))
 check("lesson %d: does not compile" % broken["number"] in output, "the summary does not say it")
 
+# 3. An exception that leaves a SUBCASE: doctest's XML holds a placeholder inside the subcase and the real
+# message at the test case's end; progress reports the real one (the innermost TODO) and the subcase.
+sys.path.insert(0, os.path.dirname(os.path.abspath(progress)))
+import progress as progress_module  # noqa: E402
+import xml.etree.ElementTree as ET  # noqa: E402
+
+case = ET.fromstring("""<TestCase name="[step4] misuse" filename="t.cc" line="3">
+  <SubCase name="before scale()" filename="t.cc" line="4"></SubCase>
+  <SubCase name="after step()" filename="t.cc" line="8">
+    <Exception crash="false">exception thrown in subcase - will translate later when the whole test case has
+      been exited (cannot translate while there is an active exception)</Exception>
+  </SubCase>
+  <Exception crash="false">TODO(lesson1, step 5): GradScaler::step() is not implemented yet</Exception>
+  <OverallResultsAsserts successes="1" failures="0" test_case_success="false"/>
+</TestCase>""")
+where, message = progress_module.first_failure(case, "t.cc:3")
+check("TODO(lesson1, step 5)" in message and "will translate later" not in message,
+      "a subcase's exception is reported as %r, not as the TODO that threw" % message)
+check('"after step()"' in message, "the subcase is not named: %r" % message)
+
 print("%d passed, %d failed" % (0 if failures else 1, len(failures)))
 sys.exit(1 if failures else 0)

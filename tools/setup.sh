@@ -31,6 +31,7 @@ packages=(
   libopenblas0-pthread # fast BLAS for LibTorch's CPU matmuls (about 10x the reference BLAS)
   doctest-dev          # the test framework (a single header)
   doxygen              # the docs site
+  doxygen-awesome-css  # its theme: dark mode, copy buttons (Debian 12 and 13)
   graphviz             # Doxygen's diagrams
   gnuplot-nox          # plots for the docs from the demos' CSV files (pngcairo terminal)
   chromium             # the docs' browser check (headless)

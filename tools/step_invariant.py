@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Maintainer check: every step of every lesson stands alone.
+
+  bazel run //tools:step_invariant                      # every ready lesson
+  bazel run //tools:step_invariant -- --lesson=1 --steps=3,4
+
+For lesson N and each K, the skeleton with steps 1..K done (taken from the reference solution) must pass every
+[step1]..[stepK] check and fail every later step's checks (GPU cases may be skipped). A check of step K that
+needs step K+1 to pass breaks this: a learner who finished step K is told step K is still failing.
+
+How a variant is made: in each learner source that holds TODO(lessonN, step K) markers, the code between a pair of
+`// [tag]` snippet markers (the ones the lesson page's \\snippet commands use) is one unit. A unit whose skeleton
+version holds TODOs of steps <= K comes from solutions/<dir>/<same file>; every other unit stays as in the
+skeleton. Code outside the markers comes from the solution (helpers, includes); a TODO outside any marker pair is
+an error (it could not be spliced). K = the last step must give a variant that passes every check (a check on the
+splicing itself).
+
+The variants are built in a scratch copy of the workspace (default $TMPDIR/workshop-step-invariant, reused so
+that later runs are incremental; --work=DIR to choose) with its own Bazel server, which is shut down at the end;
+the shared --disk_cache of .bazelrc makes unchanged actions cheap. Your workspace is not touched. Writes the
+findings to stdout and, with --report=FILE, to FILE. Exit status 1 if any (lesson, K) breaks the invariant.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from progress import first_failure  # noqa: E402  (the same reading of doctest's XML as //:progress)
+
+MARKER = re.compile(r"^\s*//\s*\[([A-Za-z0-9_]+)\]\s*$")
+STEP_HEADING = re.compile(r"^#+\s*Step\s+(\d+)\b", re.MULTILINE)
+STEP_TAG = re.compile(r"^\[step(\d+)\]")
+SKIP_DIRS = {".bazel", ".git", ".portable", "docs/html"}
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def todo_pattern(lesson):
+    return re.compile(r"TODO\(lesson%d, step (\d+)\)" % lesson)
+
+
+def regions(lines, path):
+    """[(tag, first line index, last line index)] of the `// [tag]` marker pairs (the marker lines included)."""
+    found, open_at = [], {}
+    for i, line in enumerate(lines):
+        m = MARKER.match(line)
+        if not m:
+            continue
+        tag = m.group(1)
+        if tag in open_at:
+            found.append((tag, open_at.pop(tag), i))
+        else:
+            if open_at:
+                raise ValueError("%s:%d: marker [%s] opens inside [%s]; nested markers are not supported"
+                                 % (path, i + 1, tag, next(iter(open_at))))
+            open_at[tag] = i
+    if open_at:
+        tag, i = next(iter(open_at.items()))
+        raise ValueError("%s:%d: marker [%s] is never closed" % (path, i + 1, tag))
+    return found
+
+
+def learner_units(lesson, skeleton_path):
+    """{tag: (lines, steps)} of the skeleton file, and the problems found (TODOs outside any unit)."""
+    todo = todo_pattern(lesson)
+    lines = read(skeleton_path).splitlines(keepends=True)
+    units, inside, problems = {}, set(), []
+    for tag, first, last in regions(lines, skeleton_path):
+        body = lines[first:last + 1]
+        steps = sorted({int(k) for k in todo.findall("".join(body))})
+        units[tag] = (body, steps)
+        inside.update(range(first, last + 1))
+        if len(steps) > 1:
+            problems.append("%s: the code between the [%s] markers holds TODOs of steps %s; split it so "
+                            "that each step can be done alone" % (skeleton_path, tag, steps))
+    for i, line in enumerate(lines):
+        if i not in inside and todo.search(line):
+            problems.append("%s:%d: TODO outside any // [tag] marker pair: the step checker cannot splice it"
+                            % (skeleton_path, i + 1))
+    return units, problems
+
+
+def variant(lesson, skeleton_path, solution_path, k):
+    """The text of `skeleton_path` with the units of steps <= k taken from `solution_path`."""
+    units, problems = learner_units(lesson, skeleton_path)
+    if problems:
+        raise ValueError("\n".join(problems))
+    lines = read(solution_path).splitlines(keepends=True)
+    solution_regions = regions(lines, solution_path)
+    solution_tags = {tag for tag, _, _ in solution_regions}
+    for tag, (_, steps) in units.items():
+        if steps and tag not in solution_tags:
+            raise ValueError("%s has no [%s] markers around the answer to %s's [%s]"
+                             % (solution_path, tag, skeleton_path, tag))
+    for tag, first, last in sorted(solution_regions, key=lambda r: -r[1]):
+        if tag not in units:
+            continue
+        body, steps = units[tag]
+        if steps and max(steps) > k:
+            lines[first:last + 1] = body
+    return "".join(lines)
+
+
+def learner_files(lesson, root):
+    """The lesson's skeleton sources that hold TODO markers (relative paths)."""
+    todo = todo_pattern(lesson["number"])
+    folder = os.path.join(root, lesson["dir"])
+    out = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith((".cc", ".h")) and not name.endswith("_test.cc") and todo.search(read(os.path.join(folder, name))):
+            out.append(os.path.join(lesson["dir"], name))
+    return out
+
+
+def workspace_files(root):
+    """Files of the workspace to copy: git's tracked and untracked-but-not-ignored files, plus user.bazelrc."""
+    try:
+        listed = subprocess.run(["git", "-C", root, "ls-files", "-co", "--exclude-standard", "-z"],
+                                capture_output=True, check=True).stdout.decode().split("\0")
+        files = [f for f in listed if f]
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+        for folder, dirs, names in os.walk(root):
+            rel = os.path.relpath(folder, root)
+            dirs[:] = [d for d in dirs if os.path.normpath(os.path.join(rel, d)) not in SKIP_DIRS
+                       and not d.startswith("bazel-")]
+            files += [os.path.normpath(os.path.join(rel, n)) for n in names]
+    if os.path.exists(os.path.join(root, "user.bazelrc")):
+        files.append("user.bazelrc")
+    return sorted({f for f in files if os.path.isfile(os.path.join(root, f))})
+
+
+def write_if_changed(path, data):
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            if f.read() == data:
+                return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def sync_copy(root, work):
+    """Makes `work` a copy of the workspace's sources (unchanged files are left alone, stale ones removed)."""
+    files = workspace_files(root)
+    keep = set(files)
+    for f in files:
+        with open(os.path.join(root, f), "rb") as src:
+            write_if_changed(os.path.join(work, f), src.read())
+    for folder, dirs, names in os.walk(work):
+        rel = os.path.relpath(folder, work)
+        dirs[:] = [d for d in dirs if os.path.normpath(os.path.join(rel, d)) not in SKIP_DIRS
+                   and not d.startswith("bazel-")]
+        for n in names:
+            f = os.path.normpath(os.path.join(rel, n))
+            if f not in keep:
+                os.remove(os.path.join(work, f))
+
+
+def run_cases(binary, cwd):
+    """[(name, outcome, message)] of a doctest binary; outcome in passed/failed/skipped."""
+    env = dict(os.environ)
+    env["TEST_TMPDIR"] = tempfile.mkdtemp(prefix="step-invariant-")
+    try:
+        result = subprocess.run([binary, "--reporters=xml", "--no-version"], cwd=cwd, capture_output=True,
+                                text=True, timeout=1800, env=env)
+    except subprocess.TimeoutExpired:
+        return None, "did not finish in 30 minutes"
+    finally:
+        shutil.rmtree(env["TEST_TMPDIR"], ignore_errors=True)
+    text = result.stdout
+    try:
+        tree = ET.fromstring(text[text.index("<?xml"):] if "<?xml" in text else text)
+    except (ET.ParseError, ValueError):
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        return None, "crashed (exit %d): %s" % (result.returncode, " / ".join(tail))
+    cases = []
+    for case in tree.iter("TestCase"):
+        if case.get("skipped") == "true":
+            cases.append((case.get("name"), "skipped", ""))
+            continue
+        overall = case.find("OverallResultsAsserts")
+        ok = overall is not None and overall.get("test_case_success") == "true"
+        message = ""
+        if not ok:
+            where, message = first_failure(case, "%s:%s" % (case.get("filename"), case.get("line")))
+            message = ("%s: %s" % (where, message))[:300]
+        cases.append((case.get("name"), "passed" if ok else "failed", message))
+    return cases, None
+
+
+def bazel(args, work, bazel_bin):
+    return subprocess.run([bazel_bin] + args, cwd=work, capture_output=True, text=True)
+
+
+def check_lesson(lesson, root, work, bazel_bin, only_steps, log):
+    n, folder = lesson["number"], lesson["dir"]
+    steps = sorted({int(k) for k in STEP_HEADING.findall(read(os.path.join(root, folder, "README.md")))})
+    files = learner_files(lesson, root)
+    findings = []
+    structure = []
+    for f in files:
+        structure += learner_units(n, os.path.join(root, f))[1]
+        if not os.path.exists(os.path.join(root, "solutions", f)):
+            structure.append("solutions/%s is missing" % f)
+    if structure:
+        for p in structure:
+            log("lesson %d: cannot splice: %s" % (n, p))
+        return ["lesson %d: cannot splice: %s" % (n, p) for p in structure]
+    targets = ["//%s:%s" % (folder, t) for t in lesson["tests"]]
+    info = bazel(["info", "bazel-bin"], work, bazel_bin)
+    if info.returncode != 0:
+        return ["lesson %d: `bazel info` failed in %s: %s" % (n, work, info.stderr[-500:])]
+    bin_dir = info.stdout.strip()
+    for k in steps:
+        if only_steps and k not in only_steps:
+            continue
+        start = time.time()
+        for f in files:
+            text = variant(n, os.path.join(root, f), os.path.join(root, "solutions", f), k)
+            write_if_changed(os.path.join(work, f), text.encode("utf-8"))
+        built = bazel(["build", "--color=no", "--curses=no", "--keep_going"] + targets, work, bazel_bin)
+        if built.returncode != 0:
+            errors = [l for l in (built.stdout + built.stderr).splitlines() if "error:" in l][:5]
+            findings.append("lesson %d K=%d: steps 1..%d from the reference do not compile: %s"
+                            % (n, k, k, " / ".join(errors) or built.stderr[-500:]))
+            log(findings[-1])
+            continue
+        bad = []
+        counts = {"passed": 0, "failed": 0, "skipped": 0}
+        for t in lesson["tests"]:
+            cases, problem = run_cases(os.path.join(bin_dir, folder, t), work)
+            if problem:
+                bad.append("%s %s" % (t, problem))
+                continue
+            for name, outcome, message in cases:
+                counts[outcome] += 1
+                m = STEP_TAG.match(name)
+                step = int(m.group(1)) if m else None
+                if outcome == "skipped" or step is None:
+                    continue
+                if step <= k and outcome == "failed":
+                    bad.append("%s: '%s' FAILS although steps 1..%d are done (%s)" % (t, name, k, message))
+                elif step > k and outcome == "passed":
+                    bad.append("%s: '%s' PASSES although step %d is not done" % (t, name, step))
+        log("lesson %d K=%d: %d passed, %d failed, %d skipped; %s (%.0f s)" % (
+            n, k, counts["passed"], counts["failed"], counts["skipped"],
+            "invariant holds" if not bad else "%d broken" % len(bad), time.time() - start))
+        for b in bad:
+            findings.append("lesson %d K=%d: %s" % (n, k, b))
+            log("  " + findings[-1])
+    # Leave the copy pristine, so that the next run starts from the skeleton.
+    for f in files:
+        with open(os.path.join(root, f), "rb") as src:
+            write_if_changed(os.path.join(work, f), src.read())
+    return findings
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lessons", required=True, help=argparse.SUPPRESS)
+    parser.add_argument("--lesson", type=int, action="append", help="only this lesson (repeatable)")
+    parser.add_argument("--steps", help="only these K, comma-separated")
+    parser.add_argument("--root", help="the workspace (default: where `bazel run` was started)")
+    parser.add_argument("--work", help="scratch copy of the workspace (default $TMPDIR/workshop-step-invariant)")
+    parser.add_argument("--bazel", default=os.environ.get("BAZEL", "bazel"))
+    parser.add_argument("--report", help="also write the findings to this file")
+    parser.add_argument("--keep_server", action="store_true", help="do not shut the scratch Bazel server down")
+    args = parser.parse_args()
+
+    root = os.path.abspath(args.root or os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd())
+    work = os.path.abspath(args.work or os.path.join(tempfile.gettempdir(), "workshop-step-invariant"))
+    if os.path.abspath(work) == root:
+        sys.exit("step_invariant: --work must not be the workspace itself")
+    lessons = [l for l in json.load(open(args.lessons)) if l["ready"]]
+    if args.lesson:
+        lessons = [l for l in lessons if l["number"] in args.lesson]
+    only_steps = {int(s) for s in args.steps.split(",")} if args.steps else None
+
+    def log(line):
+        print(line, flush=True)
+
+    log("step invariant: variants of %s built in %s" % (root, work))
+    sync_copy(root, work)
+    findings = []
+    try:
+        for lesson in lessons:
+            findings += check_lesson(lesson, root, work, args.bazel, only_steps, log)
+    finally:
+        if not args.keep_server:
+            bazel(["shutdown"], work, args.bazel)
+    summary = ("every (lesson, K) holds the invariant" if not findings
+               else "%d finding(s): a check of a step needs a later step, or fails although its step is done"
+               % len(findings))
+    log(summary)
+    if args.report:
+        with open(args.report, "w", encoding="utf-8") as f:
+            f.write("# tools/step_invariant.py, %s\n" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+            f.write("".join(line + "\n" for line in findings) or "none\n")
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
