@@ -117,8 +117,8 @@ Reducer::~Reducer() {
 
 // [grad_ready]
 void Reducer::grad_ready(size_t index, const at::Tensor& grad) {
-  // TODO(lesson5, step 4): While sync_ is false return at once: the gradient accumulates in .grad.
-  // TODO(lesson5, step 3): Under at::NoGradGuard copy `grad` (flattened) into this parameter's slot of its
+  // TODO(lesson5, step 3): (Step 4 comes back to this line: while sync_ is false, return at once, so that the
+  // gradient accumulates in .grad.) Under at::NoGradGuard copy `grad` (flattened) into this parameter's slot of its
   // bucket's buffer and add its current .grad when defined (autograd adds `grad` into .grad only after this
   // hook). Mark it ready; when its bucket has no missing gradient left and options_.overlap, launch, IN
   // BUCKET ORDER, every consecutive ready bucket from next_to_launch_ with comm_.all_reduce_async(buffer),
