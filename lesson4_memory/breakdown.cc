@@ -3,7 +3,7 @@
 // Steps, hints and background: lesson4_memory/README.md.
 #include "lesson4_memory/breakdown.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
 #include <torch/optim/optimizer.h>
 
 #include "common/memory_meter.h"
