@@ -7,7 +7,7 @@
 #include <map>
 #include <tuple>
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
 
 #include "lesson3_profiling/phases.h"
 

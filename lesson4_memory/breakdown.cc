@@ -3,8 +3,8 @@
 // Steps, hints and background: lesson4_memory/README.md.
 #include "lesson4_memory/breakdown.h"
 
-#include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>  // at::NoGradGuard, at::AutoGradMode (ATen.h does not bring it in 2.x)
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (the 2.x headers do not bring it in by accident)
 #include <torch/optim/optimizer.h>
 
 #include "common/memory_meter.h"

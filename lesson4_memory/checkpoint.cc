@@ -5,7 +5,7 @@
 
 #include <mutex>
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>

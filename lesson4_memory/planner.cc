@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
 #include <torch/optim/optimizer.h>
 
 #include "lesson1_amp/autocast.h"

@@ -5,11 +5,14 @@
 # all in one run, with the machine's load beside them. Restores the edited files at the end.
 #
 #   bash tools/loop_bench.sh                          # every lesson, the toolchain's default linker, 5 loops
-#   bash tools/loop_bench.sh --linkers=default,bfd,gold,lld,mold --lessons=1,2 --loops=5
+#   bash tools/loop_bench.sh --variants=default,bfd,gold,lld,mold --lessons=1,2 --loops=5
+#   bash tools/loop_bench.sh --variants=default,shm,async,shm+async,local   # sandbox settings, side by side
 #   bash tools/loop_bench.sh --cold                   # also a cold build of //lesson1_amp:all (own output base,
 #                                                     # no disk cache): what a learner's first command costs
 #
-# A linker that is not installed is reported as absent and skipped. Each (linker, lesson) starts with one
+# Variants (flags added to every bazel command of that row): default; the linkers bfd, gold, lld, mold; the
+# sandbox settings shm, async, shm+async, local, bazel-defaults (see variant_flags below). A linker that is not installed is
+# reported as absent and skipped. Each (linker, lesson) starts with one
 # unmeasured loop (it relinks everything for the new flags). Run it in a clean checkout: it edits the
 # skeletons (and puts them back). Extra arguments after -- go to every bazel test (e.g. -- --config=asan).
 set -euo pipefail
@@ -23,7 +26,7 @@ extra=()
 while (($#)); do
   case $1 in
     --lessons=*) lessons=${1#*=} ;;
-    --linkers=*) linkers=${1#*=} ;;
+    --linkers=* | --variants=*) linkers=${1#*=} ;;
     --loops=*) loops=${1#*=} ;;
     --cold) cold=1 ;;
     --) shift; extra=("$@"); break ;;
@@ -47,24 +50,31 @@ restore() {
 trap restore EXIT
 for n in ${lessons//,/ }; do cp "${dir[$n]}/${file[$n]}" "$backup/$n"; done
 
-linker_flags() {  # prints the bazel flags for linker $1, or fails if it is absent
+variant_flags() {  # prints the bazel flags of variant $1, or fails if it cannot run here
   case $1 in
-    default) return 0 ;;
+    default) return 0 ;;  # the toolchain Bazel configured (it picks gold when installed)
     bfd) command -v ld.bfd >/dev/null && echo "--linkopt=-fuse-ld=bfd" ;;
     gold) command -v ld.gold >/dev/null && echo "--linkopt=-fuse-ld=gold" ;;
     lld) command -v ld.lld >/dev/null && echo "--linkopt=-fuse-ld=lld" ;;
     mold) command -v mold >/dev/null && echo "--linkopt=-fuse-ld=mold" ;;
+    # Sandbox levers: every compile action's sandbox holds a symlink per LibTorch header (thousands).
+    shm) [[ -d /dev/shm && -w /dev/shm ]] && echo "--sandbox_base=/dev/shm" ;;
+    async) echo "--experimental_sandbox_async_tree_delete_idle_threads=HOST_CPUS" ;;
+    shm+async) [[ -d /dev/shm && -w /dev/shm ]] &&
+      echo "--sandbox_base=/dev/shm --experimental_sandbox_async_tree_delete_idle_threads=HOST_CPUS" ;;
+    local) echo "--strategy=CppCompile=local" ;;  # compiles without a sandbox
+    bazel-defaults)  # undoes machine.bazelrc (tools/setup.sh): Bazel's own sandbox settings
+      echo "--sandbox_base= --experimental_sandbox_async_tree_delete_idle_threads=0" ;;
     *) return 1 ;;
   esac
 }
 
-counter=0
-one_loop() {  # lesson, flags...: edit, then time the check; prints seconds
+one_loop() {  # lesson, flags...: edit, then time the check; prints seconds (runs in a subshell: no state)
   local n=$1; shift
-  counter=$((counter + 1))
+  local id
+  id=$(date +%s%N)  # unique per loop, so every loop's object file differs from the last one
   cp "$backup/$n" "${dir[$n]}/${file[$n]}"
-  printf '\nextern "C" int workshop_loop_bench_%d_%d() { return %d; }\n' "$$" "$counter" "$counter" \
-    >>"${dir[$n]}/${file[$n]}"
+  printf '\nextern "C" long workshop_loop_bench_%s() { return %sL; }\n' "$id" "$id" >>"${dir[$n]}/${file[$n]}"
   local start end
   start=$(date +%s.%N)
   "$bazel" test "//${dir[$n]}:all" --color=no --curses=no --noshow_progress "$@" "${extra[@]}" \
@@ -78,16 +88,16 @@ stats() {  # seconds... -> "median min max"
     printf "%.1f %.1f %.1f", m, a[1], a[NR]}'
 }
 
-echo "loop_bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $("$bazel" --version 2>/dev/null | head -1)"
+echo "loop_bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(ld --version | head -1)"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)  (1, 5, 15 min; shared machines: other builds count too)"
 "$bazel" build --color=no --curses=no --noshow_progress $(for n in ${lessons//,/ }; do echo "//${dir[$n]}:all"; done) \
   "${extra[@]}" >/dev/null 2>&1 || true
 echo
-printf '| %-8s | %-24s | %-14s | %-14s | %-17s |\n' linker lesson "median (s)" "min-max (s)" "load (1 min)"
-printf '|%s|%s|%s|%s|%s|\n' ---------- -------------------------- ---------------- ---------------- -------------------
+printf '| %-9s | %-24s | %-14s | %-14s | %-17s |\n' variant lesson "median (s)" "min-max (s)" "load (1 min)"
+printf '|%s|%s|%s|%s|%s|\n' ----------- -------------------------- ---------------- ---------------- -------------------
 for linker in ${linkers//,/ }; do
-  if ! flags=$(linker_flags "$linker"); then
-    printf '| %-8s | %-24s | %-14s | %-14s | %-17s |\n' "$linker" "(not installed)" - - -
+  if ! flags=$(variant_flags "$linker"); then
+    printf '| %-9s | %-24s | %-14s | %-14s | %-17s |\n' "$linker" "(not installed)" - - -
     continue
   fi
   for n in ${lessons//,/ }; do
@@ -102,7 +112,7 @@ for linker in ${linkers//,/ }; do
     done
     read -r median low high <<<"$(stats "${times[@]}")"
     read -r load_median _ <<<"$(stats "${loads[@]}")"
-    printf '| %-8s | %-24s | %-14s | %-14s | %-17s |\n' "$linker" "$n ${dir[$n]}" "$median" "$low-$high" \
+    printf '| %-9s | %-24s | %-14s | %-14s | %-17s |\n' "$linker" "$n ${dir[$n]}" "$median" "$low-$high" \
       "$load_median"
   done
 done

@@ -89,4 +89,25 @@ if [[ $bench_peer == 1 ]]; then
     say "benchmark peer: /usr/bin/python3 cannot import torch after installing python3-torch"; exit 1
   fi
 fi
+# Faster edit->check loops on this machine (README, "The edit->check loop"): every compile's sandbox holds a
+# symlink per LibTorch header, and creating and deleting those trees cost more than the compiler itself. Put the
+# sandboxes on a RAM disk when there is a big enough one, and delete them in the background. Written to
+# machine.bazelrc (not committed; .bazelrc imports it if present), since both depend on this machine and
+# Bazel 4; remove the file to go back to Bazel's defaults.
+root=$(cd "$(dirname "$0")/.." && pwd)
+machine_rc="$root/machine.bazelrc"
+bazel_major=$(bazel --version 2>/dev/null | sed -nE 's/^bazel ([0-9]+)\..*/\1/p')
+[[ -n $bazel_major ]] || bazel_major=$(dpkg-query -W -f='${Version}' bazel-bootstrap 2>/dev/null | sed -nE 's/^([0-9]+)\..*/\1/p')
+{
+  echo "# Written by tools/setup.sh for this machine (not committed). Delete it to use Bazel's defaults."
+  if [[ ${bazel_major:-0} -ge 4 ]]; then
+    echo "build --experimental_sandbox_async_tree_delete_idle_threads=HOST_CPUS"
+  fi
+  shm_free_kib=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
+  if [[ -w /dev/shm && ${shm_free_kib:-0} -ge $((4 * 1024 * 1024)) ]]; then
+    echo "build --sandbox_base=/dev/shm"
+  fi
+} >"$machine_rc.tmp" && mv "$machine_rc.tmp" "$machine_rc"
+say "build settings for this machine: $machine_rc ($(grep -c '^build' "$machine_rc") setting(s))"
+
 say "ready. Next: bazel run //:tour   (or: bazel test --config=ci //...)"

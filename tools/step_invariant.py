@@ -123,7 +123,7 @@ def learner_files(lesson, root):
 
 
 def workspace_files(root):
-    """Files of the workspace to copy: git's tracked and untracked-but-not-ignored files, plus user.bazelrc."""
+    """Files of the workspace to copy: git's tracked and untracked-but-not-ignored files, plus the rc files."""
     try:
         listed = subprocess.run(["git", "-C", root, "ls-files", "-co", "--exclude-standard", "-z"],
                                 capture_output=True, check=True).stdout.decode().split("\0")
@@ -135,8 +135,9 @@ def workspace_files(root):
             dirs[:] = [d for d in dirs if os.path.normpath(os.path.join(rel, d)) not in SKIP_DIRS
                        and not d.startswith("bazel-")]
             files += [os.path.normpath(os.path.join(rel, n)) for n in names]
-    if os.path.exists(os.path.join(root, "user.bazelrc")):
-        files.append("user.bazelrc")
+    for rc in ("user.bazelrc", "machine.bazelrc"):  # ignored by git, but they shape the build
+        if os.path.exists(os.path.join(root, rc)):
+            files.append(rc)
     return sorted({f for f in files if os.path.isfile(os.path.join(root, f))})
 
 
