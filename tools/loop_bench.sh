@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-lessons="1,2,3,4"
+lessons="1,2,3,4,5"
 linkers="default"
 loops=5
 cold=0
@@ -37,8 +37,8 @@ done
 
 bazel=${BAZEL:-bazel}
 # lesson number -> the folder and the learner file the loop edits
-declare -A dir=([1]=lesson1_amp [2]=lesson2_accumulation [3]=lesson3_profiling [4]=lesson4_memory)
-declare -A file=([1]=grad_scaler.cc [2]=accumulation.cc [3]=profiler.cc [4]=checkpoint.cc)
+declare -A dir=([1]=lesson1_amp [2]=lesson2_accumulation [3]=lesson3_profiling [4]=lesson4_memory [5]=lesson5_distributed)
+declare -A file=([1]=grad_scaler.cc [2]=accumulation.cc [3]=profiler.cc [4]=checkpoint.cc [5]=ddp.cc)
 
 backup=$(mktemp -d)
 restore() {
