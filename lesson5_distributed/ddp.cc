@@ -17,31 +17,6 @@
 #include "lesson1_amp/grad_scaler.h"
 
 namespace ddp {
-namespace {
-
-// [describe]
-// Given: one rank's parameters as three numbers: how many, how many elements, and a hash of every shape and
-// dtype. Gather these (a fixed size on every rank, whatever the model) to compare models across ranks.
-[[maybe_unused]] at::Tensor describe(const std::vector<at::Tensor>& params) {
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a over (dtype, dim, sizes...) of every parameter
-  auto mix = [&hash](int64_t value) {
-    hash ^= static_cast<uint64_t>(value);
-    hash *= 1099511628211ull;
-  };
-  int64_t elements = 0;
-  for (const auto& p : params) {
-    mix(static_cast<int64_t>(p.scalar_type()));
-    mix(p.dim());
-    for (int64_t size : p.sizes()) mix(size);
-    elements += p.numel();
-  }
-  // int64 keeps the hash exact (a float tensor would round it).
-  return at::tensor({static_cast<int64_t>(params.size()), elements, static_cast<int64_t>(hash >> 1)},
-                    at::TensorOptions().dtype(at::kLong));
-}
-// [describe]
-
-}  // namespace
 
 // [shard]
 at::Tensor shard(const at::Tensor& batch, int rank, int world_size) {

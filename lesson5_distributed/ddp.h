@@ -209,6 +209,11 @@ class ZeroOptimizer {
   std::unique_ptr<torch::optim::Optimizer> local_;
 };
 
+/// One rank's parameters as three int64 numbers: how many, how many elements, and a hash of every shape and
+/// dtype. The same size on every rank whatever the model, so that ranks can all-gather it to compare models.
+/// Given (not an exercise).
+at::Tensor describe(const std::vector<at::Tensor>& params);
+
 /// Bytes of state `optimizer` holds now: the sum of nbytes() of every tensor in its per-parameter state
 /// (for Adam: exp_avg and exp_avg_sq, each the size of its parameter). Given (not an exercise).
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);

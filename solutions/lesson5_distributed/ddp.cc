@@ -17,27 +17,6 @@
 namespace ddp {
 namespace {
 
-// [describe]
-// One rank's parameters as three numbers: how many, how many elements, and a hash of every shape and dtype.
-at::Tensor describe(const std::vector<at::Tensor>& params) {
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a over (dtype, dim, sizes...) of every parameter
-  auto mix = [&hash](int64_t value) {
-    hash ^= static_cast<uint64_t>(value);
-    hash *= 1099511628211ull;
-  };
-  int64_t elements = 0;
-  for (const auto& p : params) {
-    mix(static_cast<int64_t>(p.scalar_type()));
-    mix(p.dim());
-    for (int64_t size : p.sizes()) mix(size);
-    elements += p.numel();
-  }
-  // int64 keeps the hash exact (a float tensor would round it).
-  return at::tensor({static_cast<int64_t>(params.size()), elements, static_cast<int64_t>(hash >> 1)},
-                    at::TensorOptions().dtype(at::kLong));
-}
-// [describe]
-
 // This rank's gradient of params[i], contiguous, with a clear error when there is none.
 at::Tensor grad_of(const std::vector<at::Tensor>& params, size_t i) {
   TORCH_CHECK(params[i].grad().defined(), "parameter ", i, " has no gradient (run backward before averaging)");
