@@ -49,7 +49,7 @@
 #include "lesson4_memory/workload.h"
 #include "lesson5_distributed/comm.h"
 #include "lesson5_distributed/demo_ranks.h"
-#include "third_party/libtorch/compat.h"
+#include "common/compat/compat.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
-#include "third_party/libtorch/compat.h"
+#include "common/compat/compat.h"
 
 #if WORKSHOP_HAS_CUDA
 #include "common/cuda_memory.h"

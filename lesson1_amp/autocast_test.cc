@@ -9,7 +9,7 @@
 #include <torch/torch.h>
 
 #include "lesson1_amp/autocast.h"
-#include "third_party/libtorch/compat.h"
+#include "common/compat/compat.h"
 
 using doctest::Contains;
 

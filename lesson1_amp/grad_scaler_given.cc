@@ -8,7 +8,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
-#include "third_party/libtorch/compat.h"
+#include "common/compat/compat.h"
 
 namespace amp {
 

@@ -15,7 +15,7 @@
 #include "lesson1_amp/autocast.h"
 #include "lesson1_amp/grad_scaler.h"
 #include "lesson1_amp/underflow_model.h"
-#include "third_party/libtorch/compat.h"
+#include "common/compat/compat.h"
 
 using doctest::Contains;
 

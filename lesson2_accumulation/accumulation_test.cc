@@ -17,7 +17,7 @@
 
 #include "common/memory_meter.h"
 #include "lesson1_amp/grad_scaler.h"
-#include "third_party/libtorch/compat.h"
+#include "common/compat/compat.h"
 #include "lesson2_accumulation/accumulation.h"
 
 using doctest::Contains;

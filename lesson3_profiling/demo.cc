@@ -12,7 +12,7 @@
 #include "lesson3_profiling/bottleneck.h"
 #include "lesson3_profiling/profiler.h"
 #include "lesson3_profiling/stopwatch.h"
-#include "third_party/libtorch/compat_profiler.h"
+#include "common/compat/compat_profiler.h"
 
 namespace {
 

@@ -32,7 +32,7 @@ struct Event {
 /// Given. Whether a LibTorch profiler is recording on this thread (this lesson's or anyone's).
 bool recording_active();
 
-/// Given. Starts the LibTorch profiler through the compatibility layer (third_party/libtorch/compat_profiler.h).
+/// Given. Starts the LibTorch profiler through the compatibility layer (common/compat/compat_profiler.h).
 /// An error if one is already recording.
 void start_recording();
 

@@ -7,7 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include "lesson3_profiling/profiler.h"
-#include "third_party/libtorch/compat_profiler.h"
+#include "common/compat/compat_profiler.h"
 
 namespace prof {
 

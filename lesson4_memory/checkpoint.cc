@@ -10,7 +10,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "third_party/libtorch/compat.h"
+#include "common/compat/compat.h"
 
 #if WORKSHOP_HAS_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>

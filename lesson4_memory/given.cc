@@ -12,7 +12,7 @@
 #include "lesson4_memory/checkpoint.h"
 #include "lesson4_memory/planner.h"
 #include "lesson4_memory/workload.h"
-#include "third_party/libtorch/compat.h"
+#include "common/compat/compat.h"
 
 namespace mem {
 

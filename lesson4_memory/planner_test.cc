@@ -7,7 +7,7 @@
 #include <torch/torch.h>
 
 #include "lesson4_memory/planner.h"
-#include "third_party/libtorch/compat.h"
+#include "common/compat/compat.h"
 #include "lesson4_memory/workload.h"
 
 using doctest::Contains;

@@ -14,7 +14,7 @@
 
 #include <ATen/ATen.h>
 
-#include "third_party/libtorch/compat_distributed.h"
+#include "common/compat/compat_distributed.h"
 
 namespace dist {
 namespace {

@@ -24,7 +24,7 @@ def lesson_test(name, src, impl, tags = [], size = "small"):
         deps = [
             impl,
             "//tests:doctest_main",
-            "//third_party/libtorch:compat",
+            "//common/compat:compat",
             "@libtorch",
         ],
     )

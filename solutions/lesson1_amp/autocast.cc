@@ -4,7 +4,7 @@
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, &, ...)
 #include <torch/cuda.h>
 
-#include "third_party/libtorch/compat.h"
+#include "common/compat/compat.h"
 
 namespace amp {
 

@@ -13,7 +13,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "lesson1_amp/autocast.h"
-#include "third_party/libtorch/compat.h"
+#include "common/compat/compat.h"
 
 namespace amp {
 namespace {

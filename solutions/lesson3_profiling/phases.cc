@@ -4,7 +4,7 @@
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
-#include "third_party/libtorch/compat_profiler.h"
+#include "common/compat/compat_profiler.h"
 
 namespace prof {
 

@@ -1,4 +1,4 @@
-#include "third_party/libtorch/compat_profiler.h"
+#include "common/compat/compat_profiler.h"
 
 #include <algorithm>
 #include <cmath>
