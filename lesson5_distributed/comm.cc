@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <exception>
 #include <filesystem>
 #include <mutex>
@@ -13,6 +15,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
 
 #include "common/compat/compat_distributed.h"
 
@@ -44,6 +47,16 @@ struct Comm::Impl {
   c10::Device device{c10::kCPU};
   CommStats stats;
   std::vector<std::string> log;
+  std::chrono::microseconds delay{0};                 // simulated latency per collective (0: none)
+  std::chrono::steady_clock::time_point seen_until{};  // when the previous collective's result was "seen"
+
+  // The simulated latency: a collective that really finished at `done` is seen `delay` after the later of
+  // `done` and the previous collective's simulated finish (one link, one message at a time). Sleeps until then.
+  void delay_after(std::chrono::steady_clock::time_point done) {
+    if (delay.count() <= 0) return;
+    seen_until = std::max(done, seen_until) + delay;
+    std::this_thread::sleep_until(seen_until);
+  }
 
   // Rethrows a failed collective as one clear error: which rank, which call, and what probably happened.
   [[noreturn]] void fail(const std::string& what, const std::exception& error) const {
@@ -69,20 +82,41 @@ struct Comm::Impl {
                 backend, " group works on ", device);
   }
 
-  void run(const std::string& what, const c10::intrusive_ptr<c10d::Work>& work) const {
+  void run(const std::string& what, const c10::intrusive_ptr<c10d::Work>& work) {
     try {
       work->wait();
     } catch (const std::exception& error) {
       fail(what, error);
     }
+    delay_after(std::chrono::steady_clock::now());
   }
 };
 
+namespace {
+
+// When an asynchronous collective really finished: its future's callback notes the time (on Gloo's thread).
+// A work without a future (getFuture unsupported) reports the time wait() returned.
+using DoneAt = std::shared_ptr<std::atomic<int64_t>>;
+DoneAt note_completion(const c10::intrusive_ptr<c10d::Work>& work) {
+  auto done = std::make_shared<std::atomic<int64_t>>(0);
+  try {
+    work->getFuture()->addCallback([done](c10::ivalue::Future&) {
+      done->store(std::chrono::steady_clock::now().time_since_epoch().count());
+    });
+  } catch (const std::exception&) {
+    // no future: wait() time is used
+  }
+  return done;
+}
+
+}  // namespace
+
 struct AsyncWork::Impl {
   c10::intrusive_ptr<c10d::Work> work;
-  const Comm::Impl* comm = nullptr;
+  Comm::Impl* comm = nullptr;
   std::string what;
   at::Tensor tensor;  // keeps the buffer alive while the collective writes it
+  std::shared_ptr<std::atomic<int64_t>> done_at;  // steady_clock ticks when it really finished (0: unknown)
 };
 
 AsyncWork::AsyncWork() = default;
@@ -112,7 +146,16 @@ void AsyncWork::wait() {
   if (!impl_ || !impl_->work) return;
   auto work = std::move(impl_->work);
   impl_->work.reset();
-  impl_->comm->run(impl_->what, work);
+  Comm::Impl* comm = impl_->comm;
+  try {
+    work->wait();
+  } catch (const std::exception& error) {
+    comm->fail(impl_->what, error);
+  }
+  auto done = std::chrono::steady_clock::now();
+  const int64_t ticks = impl_->done_at ? impl_->done_at->load() : 0;
+  if (ticks != 0) done = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(ticks));
+  comm->delay_after(done);
 }
 
 Comm::Comm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -128,6 +171,12 @@ void Comm::reset_stats() {
   impl_->log.clear();
 }
 const std::vector<std::string>& Comm::log() const { return impl_->log; }
+void Comm::set_simulated_delay(std::chrono::microseconds delay) {
+  TORCH_CHECK(delay.count() >= 0, "rank ", impl_->rank, ": the simulated delay must be >= 0 us, got ", delay.count());
+  impl_->delay = delay;
+  impl_->seen_until = {};
+}
+std::chrono::microseconds Comm::simulated_delay() const { return impl_->delay; }
 
 void Comm::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   impl_->check_tensor("all_reduce", tensor);
@@ -165,6 +214,7 @@ AsyncWork Comm::all_reduce_async(const at::Tensor& tensor) {
   } catch (const std::exception& error) {
     impl_->fail(handle.impl_->what, error);
   }
+  if (impl_->delay.count() > 0) handle.impl_->done_at = note_completion(handle.impl_->work);
   return handle;
 }
 
@@ -224,7 +274,8 @@ void Comm::barrier() {
 namespace {
 
 std::unique_ptr<Comm> make_comm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
-                                std::chrono::milliseconds timeout, const std::string& backend) {
+                                std::chrono::milliseconds timeout, const std::string& backend,
+                                const std::string& gloo_host = "127.0.0.1") {
   TORCH_CHECK(world_size > 0, "world_size must be > 0, got ", world_size);
   TORCH_CHECK(rank >= 0 && rank < world_size, "rank ", rank, " is outside 0 .. ", world_size - 1);
   TORCH_CHECK(backend == "gloo" || backend == "nccl", "unknown backend '", backend, "' (gloo or nccl)");
@@ -236,7 +287,7 @@ std::unique_ptr<Comm> make_comm(const c10::intrusive_ptr<c10d::Store>& store, in
   impl->backend = backend;
   try {
     if (backend == "gloo") {
-      impl->group = workshop::compat::gloo_group(store, rank, world_size, timeout, "127.0.0.1");
+      impl->group = workshop::compat::gloo_group(store, rank, world_size, timeout, gloo_host);
     } else {
       impl->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(rank));
       impl->group = workshop::compat::nccl_group(store, rank, world_size, timeout);
@@ -324,8 +375,11 @@ std::string TcpRendezvous::get(const std::string& key) {
   return std::string(value.begin(), value.end());
 }
 bool TcpRendezvous::has(const std::string& key) { return impl_->store->check({key}); }
-std::unique_ptr<Comm> TcpRendezvous::join(int rank, int world_size, const std::string& backend) {
-  return make_comm(impl_->store, rank, world_size, impl_->timeout, backend);
+std::unique_ptr<Comm> TcpRendezvous::join(int rank, int world_size, const std::string& backend,
+                                          const std::string& gloo_host) {
+  TORCH_CHECK(!gloo_host.empty(), "TcpRendezvous::join: the Gloo host is empty (an address such as 127.0.0.1, or "
+              "iface:NAME)");
+  return make_comm(impl_->store, rank, world_size, impl_->timeout, backend, gloo_host);
 }
 
 }  // namespace dist

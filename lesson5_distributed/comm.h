@@ -92,6 +92,13 @@ class Comm {
   /// For the checks and the demo: the collectives this rank launched, in order ("all_reduce 4096", ...).
   const std::vector<std::string>& log() const;
 
+  /// A SIMULATED network latency (the demo's "On a real network" runs; 0, the default, adds nothing): every
+  /// collective's result is seen `delay` after the later of its real completion and the previous collective's
+  /// (simulated) completion, as on one link with that one-way latency. Kernels without netem cannot delay
+  /// packets, so the delay is added here, by sleeping in wait(); output that uses it must say "simulated".
+  void set_simulated_delay(std::chrono::microseconds delay);
+  std::chrono::microseconds simulated_delay() const;
+
   struct Impl;
   explicit Comm(std::unique_ptr<Impl> impl);
 
@@ -135,8 +142,11 @@ class TcpRendezvous {
   std::string get(const std::string& key);
   /// Whether `key` has been set (does not wait).
   bool has(const std::string& key);
-  /// This process's member of a group of `world_size` ranks on this store.
-  std::unique_ptr<Comm> join(int rank, int world_size, const std::string& backend = "gloo");
+  /// This process's member of a group of `world_size` ranks on this store. Gloo's TCP device binds to
+  /// `gloo_host`: an address of this machine (127.0.0.1: loopback; in a network namespace, the address of its
+  /// interface) or, written "iface:NAME", the first address of the interface NAME.
+  std::unique_ptr<Comm> join(int rank, int world_size, const std::string& backend = "gloo",
+                             const std::string& gloo_host = "127.0.0.1");
 
  private:
   struct Impl;

@@ -5,7 +5,15 @@
 // flags), the way torchrun does: the parent opens a TCPStore server on 127.0.0.1 at a port the system picks,
 // every rank connects to it and joins one Gloo group, and rank 0 sends its measurements back through the store.
 // The parent waits with a deadline and kills (by pid) any rank that outlives it.
+//
+// On a (simulated) real network, `Network` names one Linux network namespace and one address per rank (made by
+// lesson5_distributed/netns/netns_run.sh): the parent, started inside rank 0's namespace, opens the store on rank
+// 0's address, starts rank r inside namespace r (fork, setns, exec), and every rank binds Gloo to its own
+// address, so the bytes cross the namespaces' veth links (bandwidth shaped by the kernel) as between hosts.
 #pragma once
+
+#include <fcntl.h>
+#include <sched.h>
 
 #include <signal.h>
 #include <spawn.h>
@@ -13,7 +21,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -47,6 +57,22 @@ struct Config {
   int64_t bucket_bytes = 1 << 20;
   int steps = 10;              ///< timed steps per variant (after one warm-up step)
   int64_t probe_bytes = 16 << 20;  ///< one large all-reduce: the loopback ceiling of this machine
+  int rounds = 1;              ///< every variant once per round, in turn (rounds > 1: is the ranking stable?)
+  int64_t sim_delay_us = 0;    ///< SIMULATED latency per collective (dist::Comm::set_simulated_delay), 0: none
+};
+
+/// Where the ranks run. Empty: every rank on 127.0.0.1 in this network namespace (the default).
+struct Network {
+  std::vector<std::string> netns;  ///< rank r starts inside the namespace /run/netns/<netns[r]> (empty: here)
+  std::vector<std::string> hosts;  ///< rank r's Gloo address; the store listens in the parent at hosts[0]
+};
+
+/// Extra measurements of one run (rank 0's), for the napkin math of the "On a real network" runs.
+struct Extras {
+  double tiny_ms = 0;      ///< one 4-byte all-reduce (median of 20): the per-call cost of this link and Gloo
+  double forward_ms = 0;   ///< one step's parts with no communication at all, every rank busy at once
+  double backward_ms = 0;
+  double optimizer_ms = 0;
 };
 
 inline Config config_for(bool quick, int world_size) {
@@ -68,25 +94,67 @@ struct Result {
   double min_ms = 0, max_ms = 0;
   int64_t optimizer_state_bytes = 0;  ///< per rank, counted by workshop::MemoryMeter in this rank's process
   double rel_diff = 0;                ///< parameters after the steps vs the per-parameter variant
+  double all_reduce_calls = 0, all_reduce_bytes = 0;  ///< per step (payload, not wire bytes)
+  double broadcast_calls = 0, broadcast_bytes = 0;    ///< per step
+  std::vector<double> round_ms;       ///< the median step of each round (median_ms: the median of these)
 };
 
-inline std::string serialize(const std::vector<Result>& results, double probe_ms, int64_t probe_bytes) {
+// [napkin]
+/// The napkin figure of one variant's step (results[kind]: 0 per-parameter, 1 bucketed, 2 bucketed + overlap,
+/// 3 ZeRO-1) on a link that carries `bytes_per_s` out of each rank, with `delay_ms` of latency per collective:
+///   all-reduce:  ring, 2 (N - 1) / N of the payload out of every rank  -> wire / bandwidth;
+///   broadcast:   Gloo's binomial tree, ceil(log2 N) rounds of the payload out of the root -> rounds x bytes / bw;
+///   every call:  delay + the measured cost of a 4-byte all-reduce (Gloo and the kernel, per call);
+///   compute:     forward, backward and the optimizer step measured with no communication (ZeRO-1: 1/N of it);
+///   overlap:     the all-reduces run under backward: forward + max(backward, all-reduce) + optimizer.
+struct Napkin {
+  double compute_ms = 0, wire_ms = 0, calls_ms = 0, total_ms = 0;
+};
+
+inline Napkin napkin(int kind, const Result& r, const Extras& e, int n, double bytes_per_s, double delay_ms) {
+  const double per_call_ms = delay_ms + e.tiny_ms;
+  const double tree_rounds = std::ceil(std::log2(std::max(1, n)));
+  const double reduce_wire_ms = dist::ring_allreduce_wire_bytes(r.all_reduce_bytes, n) / bytes_per_s * 1e3;
+  const double bcast_wire_ms = tree_rounds * r.broadcast_bytes / bytes_per_s * 1e3;
+  const double reduce_ms = reduce_wire_ms + r.all_reduce_calls * per_call_ms;
+  const double bcast_ms = bcast_wire_ms + r.broadcast_calls * per_call_ms;
+  const bool overlap = kind >= 2;
+  const double optimizer_ms = kind == 3 ? e.optimizer_ms / n : e.optimizer_ms;
+  Napkin out;
+  out.compute_ms = e.forward_ms + e.backward_ms + optimizer_ms;
+  out.wire_ms = reduce_wire_ms + bcast_wire_ms;
+  out.calls_ms = (r.all_reduce_calls + r.broadcast_calls) * per_call_ms;
+  out.total_ms = e.forward_ms + (overlap ? std::max(e.backward_ms, reduce_ms) : e.backward_ms + reduce_ms) +
+                 optimizer_ms + bcast_ms;
+  return out;
+}
+// [napkin]
+
+inline std::string serialize(const std::vector<Result>& results, double probe_ms, int64_t probe_bytes,
+                             const Extras& extras = {}) {
   std::ostringstream out;
   out.precision(17);
-  out << probe_ms << " " << probe_bytes << "\n";
+  out << probe_ms << " " << probe_bytes << " " << extras.tiny_ms << " " << extras.forward_ms << " "
+      << extras.backward_ms << " " << extras.optimizer_ms << "\n";
   for (const auto& r : results) {
     out << r.variant << "\t" << r.collectives_per_step << "\t" << r.payload_bytes_per_step << "\t"
         << r.napkin_bytes_per_step << "\t" << r.median_ms << "\t" << r.min_ms << "\t" << r.max_ms << "\t" << r.optimizer_state_bytes << "\t" << r.rel_diff
-        << "\n";
+        << "\t" << r.all_reduce_calls << "\t" << r.all_reduce_bytes << "\t" << r.broadcast_calls << "\t"
+        << r.broadcast_bytes << "\t" << r.round_ms.size();
+    for (double ms : r.round_ms) out << "\t" << ms;
+    out << "\n";
   }
   return out.str();
 }
 
-inline std::vector<Result> deserialize(const std::string& text, double* probe_ms, int64_t* probe_bytes) {
+inline std::vector<Result> deserialize(const std::string& text, double* probe_ms, int64_t* probe_bytes,
+                                       Extras* extras = nullptr) {
   std::istringstream in(text);
   std::string line;
   std::getline(in, line);
-  std::istringstream(line) >> *probe_ms >> *probe_bytes;
+  Extras e;
+  std::istringstream(line) >> *probe_ms >> *probe_bytes >> e.tiny_ms >> e.forward_ms >> e.backward_ms >> e.optimizer_ms;
+  if (extras) *extras = e;
   std::vector<Result> out;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
@@ -96,6 +164,10 @@ inline std::vector<Result> deserialize(const std::string& text, double* probe_ms
     fields >> r.collectives_per_step >> r.payload_bytes_per_step >> r.napkin_bytes_per_step >> r.median_ms >>
         r.min_ms >> r.max_ms >>
         r.optimizer_state_bytes >> r.rel_diff;
+    size_t rounds = 0;
+    fields >> r.all_reduce_calls >> r.all_reduce_bytes >> r.broadcast_calls >> r.broadcast_bytes >> rounds;
+    r.round_ms.resize(rounds);
+    for (double& ms : r.round_ms) fields >> ms;
     out.push_back(r);
   }
   return out;
@@ -117,7 +189,7 @@ inline double median(std::vector<double> v) {
 }
 
 /// Everything one rank measures; rank 0's results are the table.
-inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* probe_ms) {
+inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* probe_ms, Extras* extras = nullptr) {
   const int n = comm.world_size();
   TORCH_CHECK(c.batch % n == 0, "--batch must divide evenly into the world size");
   torch::manual_seed(1);
@@ -139,78 +211,121 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
     *probe_ms = median(ms);
   }
   // [demo_probe]
+  Extras local;
+  {
+    // The per-call cost of the link and of Gloo: a 4-byte all-reduce (median of 20), no simulated delay yet.
+    at::Tensor tiny = at::ones({1});
+    std::vector<double> ms;
+    for (int i = 0; i < 21; ++i) {
+      comm.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      comm.all_reduce(tiny);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    ms.erase(ms.begin());
+    local.tiny_ms = median(ms);
+    // The step's parts with no communication, every rank computing at the same time (as in the timed steps).
+    auto model = mlp(c);
+    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+    std::vector<double> f, b, o;
+    for (int s = 0; s <= c.steps; ++s) {
+      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+      comm.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      at::Tensor loss = torch::nn::functional::mse_loss(model->forward(xs), ys);
+      const auto t1 = std::chrono::steady_clock::now();
+      loss.backward();
+      const auto t2 = std::chrono::steady_clock::now();
+      adam.step();
+      const auto t3 = std::chrono::steady_clock::now();
+      if (s == 0) continue;  // warm-up (Adam's state appears)
+      f.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      b.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+      o.push_back(std::chrono::duration<double, std::milli>(t3 - t2).count());
+    }
+    local.forward_ms = median(f), local.backward_ms = median(b), local.optimizer_ms = median(o);
+  }
+  if (extras) *extras = local;
+  comm.set_simulated_delay(std::chrono::microseconds(c.sim_delay_us));  // from here on (0: none)
 
-  std::vector<Result> results;
+  std::vector<Result> results(4);
   std::vector<at::Tensor> first_params;
   enum Kind { kPerParameter, kBucketed, kOverlap, kZero };
   const char* names[] = {"per-parameter all-reduce", "bucketed", "bucketed + overlap", "ZeRO-1 (+ overlap)"};
-  for (int kind = kPerParameter; kind <= kZero; ++kind) {
-    auto model = mlp(c);
-    const std::vector<at::Tensor> params = model->parameters();
-    std::unique_ptr<ddp::Reducer> reducer;
-    if (kind == kOverlap || kind == kZero) {
-      ddp::ReducerOptions options;
-      options.bucket_bytes = c.bucket_bytes;
-      reducer = std::make_unique<ddp::Reducer>(comm, params, options);
-    }
-    const std::vector<ddp::Bucket> buckets = ddp::make_buckets(params, c.bucket_bytes);
-    torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-3));
-    std::unique_ptr<ddp::ZeroOptimizer> zero;
-    if (kind == kZero) {
-      zero = std::make_unique<ddp::ZeroOptimizer>(comm, params, [](std::vector<at::Tensor> mine) {
-        return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::Adam(mine, torch::optim::AdamOptions(1e-3)));
-      });
-    }
-    int64_t state_bytes = 0;
-    // [demo_step]
-    auto step = [&](bool first) {
-      for (const auto& p : params) p.mutable_grad() = at::Tensor();
-      torch::nn::functional::mse_loss(model->forward(xs), ys).backward();
-      if (kind == kPerParameter) ddp::average_gradients(comm, params);          // one call per parameter
-      if (kind == kBucketed) ddp::average_gradients_bucketed(comm, params, buckets);  // one per bucket
-      if (reducer) reducer->finish();  // buckets went out during backward; wait for them
-      workshop::MemoryMeter meter;     // this process = this rank: its optimizer state appears at step 1
-      if (zero) {
-        zero->step_local();
-        if (first) state_bytes = meter.current_bytes();
-        zero->sync_parameters();
-      } else {
-        adam.step();
-        if (first) state_bytes = meter.current_bytes();
+  for (int round = 0; round < std::max(1, c.rounds); ++round) {  // each round: every variant, in turn
+    for (int kind = kPerParameter; kind <= kZero; ++kind) {
+      auto model = mlp(c);
+      const std::vector<at::Tensor> params = model->parameters();
+      std::unique_ptr<ddp::Reducer> reducer;
+      if (kind == kOverlap || kind == kZero) {
+        ddp::ReducerOptions options;
+        options.bucket_bytes = c.bucket_bytes;
+        reducer = std::make_unique<ddp::Reducer>(comm, params, options);
       }
-    };
-    // [demo_step]
-    step(true);
-    comm.reset_stats();
-    std::vector<double> ms;
-    for (int s = 0; s < c.steps; ++s) {
-      comm.barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      step(false);
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      const std::vector<ddp::Bucket> buckets = ddp::make_buckets(params, c.bucket_bytes);
+      torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-3));
+      std::unique_ptr<ddp::ZeroOptimizer> zero;
+      if (kind == kZero) {
+        zero = std::make_unique<ddp::ZeroOptimizer>(comm, params, [](std::vector<at::Tensor> mine) {
+          return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::Adam(mine, torch::optim::AdamOptions(1e-3)));
+        });
+      }
+      int64_t state_bytes = 0;
+      // [demo_step]
+      auto step = [&](bool first) {
+        for (const auto& p : params) p.mutable_grad() = at::Tensor();
+        torch::nn::functional::mse_loss(model->forward(xs), ys).backward();
+        if (kind == kPerParameter) ddp::average_gradients(comm, params);          // one call per parameter
+        if (kind == kBucketed) ddp::average_gradients_bucketed(comm, params, buckets);  // one per bucket
+        if (reducer) reducer->finish();  // buckets went out during backward; wait for them
+        workshop::MemoryMeter meter;     // this process = this rank: its optimizer state appears at step 1
+        if (zero) {
+          zero->step_local();
+          if (first) state_bytes = meter.current_bytes();
+          zero->sync_parameters();
+        } else {
+          adam.step();
+          if (first) state_bytes = meter.current_bytes();
+        }
+      };
+      // [demo_step]
+      step(true);
+      comm.reset_stats();
+      std::vector<double> ms;
+      for (int s = 0; s < c.steps; ++s) {
+        comm.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        step(false);
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+      const dist::CommStats& st = comm.stats();
+      Result& r = results[static_cast<size_t>(kind)];
+      r.variant = names[kind];
+      r.all_reduce_calls = static_cast<double>(st.all_reduce_calls) / c.steps;
+      r.all_reduce_bytes = static_cast<double>(st.all_reduce_bytes) / c.steps;
+      r.broadcast_calls = static_cast<double>(st.broadcast_calls) / c.steps;
+      r.broadcast_bytes = static_cast<double>(st.broadcast_bytes) / c.steps;
+      r.round_ms.push_back(median(ms));
+      r.collectives_per_step = (st.all_reduce_calls + st.broadcast_calls + st.all_gather_calls) / c.steps;
+      r.payload_bytes_per_step = static_cast<double>(st.all_reduce_bytes + st.broadcast_bytes) / c.steps;
+      r.napkin_bytes_per_step =
+          (dist::ring_allreduce_wire_bytes(static_cast<double>(st.all_reduce_bytes), n) +
+           static_cast<double>(st.broadcast_bytes) * (n - 1) / n) / c.steps;
+      r.median_ms = median(r.round_ms);
+      const double lo = *std::min_element(ms.begin(), ms.end()), hi = *std::max_element(ms.begin(), ms.end());
+      r.min_ms = round == 0 ? lo : std::min(r.min_ms, lo);
+      r.max_ms = round == 0 ? hi : std::max(r.max_ms, hi);
+      r.optimizer_state_bytes = state_bytes;
+      std::vector<at::Tensor> now;
+      for (const auto& p : params) now.push_back(p.detach().clone());
+      if (kind == kPerParameter) first_params = now;
+      double diff = 0, scale = 0;
+      for (size_t i = 0; i < now.size(); ++i) {
+        diff = std::max(diff, (now[i] - first_params[i]).abs().max().item<double>());
+        scale = std::max(scale, first_params[i].abs().max().item<double>());
+      }
+      r.rel_diff = std::max(round == 0 ? 0.0 : r.rel_diff, diff / scale);
     }
-    const dist::CommStats& st = comm.stats();
-    Result r;
-    r.variant = names[kind];
-    r.collectives_per_step = (st.all_reduce_calls + st.broadcast_calls + st.all_gather_calls) / c.steps;
-    r.payload_bytes_per_step = static_cast<double>(st.all_reduce_bytes + st.broadcast_bytes) / c.steps;
-    r.napkin_bytes_per_step =
-        (dist::ring_allreduce_wire_bytes(static_cast<double>(st.all_reduce_bytes), n) +
-         static_cast<double>(st.broadcast_bytes) * (n - 1) / n) / c.steps;
-    r.median_ms = median(ms);
-    r.min_ms = *std::min_element(ms.begin(), ms.end());
-    r.max_ms = *std::max_element(ms.begin(), ms.end());
-    r.optimizer_state_bytes = state_bytes;
-    std::vector<at::Tensor> now;
-    for (const auto& p : params) now.push_back(p.detach().clone());
-    if (first_params.empty()) first_params = now;
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < now.size(); ++i) {
-      diff = std::max(diff, (now[i] - first_params[i]).abs().max().item<double>());
-      scale = std::max(scale, first_params[i].abs().max().item<double>());
-    }
-    r.rel_diff = diff / scale;
-    results.push_back(r);
   }
   return results;
 }
@@ -220,25 +335,33 @@ inline int maybe_run_as_rank(int argc, char** argv) {
   int rank = -1, port = -1;
   bool quick = false, exit_after_join = false;
   Config c;
+  std::string store_host = "127.0.0.1", gloo_host = "127.0.0.1";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* name) { return a.substr(std::strlen(name)); };
     if (a.rfind("--l5_rank=", 0) == 0) rank = std::stoi(value("--l5_rank="));
     if (a.rfind("--l5_port=", 0) == 0) port = std::stoi(value("--l5_port="));
     if (a.rfind("--l5_world=", 0) == 0) c.world_size = std::stoi(value("--l5_world="));
+    if (a.rfind("--l5_rounds=", 0) == 0) c.rounds = std::stoi(value("--l5_rounds="));
+    if (a.rfind("--l5_delay_us=", 0) == 0) c.sim_delay_us = std::stoll(value("--l5_delay_us="));
+    if (a.rfind("--l5_store=", 0) == 0) store_host = value("--l5_store=");
+    if (a.rfind("--l5_host=", 0) == 0) gloo_host = value("--l5_host=");
     if (a == "--l5_quick") quick = true;
     if (a == "--l5_exit_after_join") exit_after_join = true;
   }
   if (rank < 0) return -1;
   try {
-    const Config config = config_for(quick, c.world_size);
-    dist::TcpRendezvous store("127.0.0.1", port, /*is_server=*/false, std::chrono::seconds(120));
-    std::unique_ptr<dist::Comm> comm = store.join(rank, config.world_size);
+    Config config = config_for(quick, c.world_size);
+    config.rounds = c.rounds, config.sim_delay_us = c.sim_delay_us;
+    dist::TcpRendezvous store(store_host, port, /*is_server=*/false, std::chrono::seconds(120));
+    std::unique_ptr<dist::Comm> comm = store.join(rank, config.world_size, "gloo", gloo_host);
     if (exit_after_join) std::_Exit(0);  // the fault drill: leave without a word, sockets closed by the kernel
     double probe_ms = 0;
-    const std::vector<Result> results = run_rank(*comm, config, &probe_ms);
+    Extras extras;
+    const std::vector<Result> results = run_rank(*comm, config, &probe_ms, &extras);
+    comm->set_simulated_delay(std::chrono::microseconds(0));
     comm->barrier();
-    if (rank == 0) store.set("l5/results", serialize(results, probe_ms, config.probe_bytes));
+    if (rank == 0) store.set("l5/results", serialize(results, probe_ms, config.probe_bytes, extras));
     store.get("l5/done");  // the parent says when it has read the results: keep the store's clients alive
     return 0;
   } catch (const c10::Error& error) {
@@ -254,25 +377,67 @@ inline int maybe_run_as_rank(int argc, char** argv) {
 /// Starts `config.world_size` ranks as processes of this binary, waits (at most `deadline`), and returns
 /// rank 0's results. Any rank still running at the deadline is killed; a failed rank is an error.
 /// `exit_rank` >= 0: that rank exits right after joining the group (a fault drill: the others must fail fast).
+/// `network`: namespaces and addresses per rank (see Network; nullptr: loopback). `extras`: filled when given.
 inline std::vector<Result> launch(const Config& config, bool quick, std::chrono::seconds deadline, double* probe_ms,
-                                  int64_t* probe_bytes, int exit_rank = -1) {
-  dist::TcpRendezvous store("127.0.0.1", 0, /*is_server=*/true, deadline);
+                                  int64_t* probe_bytes, int exit_rank = -1, const Network* network = nullptr,
+                                  Extras* extras = nullptr) {
+  const size_t n = static_cast<size_t>(config.world_size);
+  const bool in_netns = network != nullptr && !network->netns.empty();
+  if (network != nullptr) {
+    TORCH_CHECK(network->hosts.size() == n, "lesson 5 demo: ", network->hosts.size(), " addresses for ", n,
+                " ranks (one per rank)");
+    TORCH_CHECK(network->netns.empty() || network->netns.size() == n, "lesson 5 demo: ", network->netns.size(),
+                " network namespaces for ", n, " ranks (one per rank, or none)");
+  }
+  const std::string store_host = network != nullptr ? network->hosts[0] : "127.0.0.1";
+  // Open every namespace before starting anyone: a missing one is a clear error, not a rank that never comes.
+  std::vector<int> netns_fds;
+  for (size_t r = 0; in_netns && r < n; ++r) {
+    const std::string path = "/run/netns/" + network->netns[r];
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      const std::string why = std::strerror(errno);
+      for (int other : netns_fds) close(other);
+      TORCH_CHECK(false, "lesson 5 demo: cannot open the network namespace ", path, " for rank ", r, ": ", why);
+    }
+    netns_fds.push_back(fd);
+  }
+  dist::TcpRendezvous store(store_host, 0, /*is_server=*/true, deadline);
   const int port = store.port();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < config.world_size; ++rank) {
     std::vector<std::string> args = {"/proc/self/exe", "--l5_rank=" + std::to_string(rank),
                                      "--l5_world=" + std::to_string(config.world_size),
-                                     "--l5_port=" + std::to_string(port)};
+                                     "--l5_port=" + std::to_string(port),
+                                     "--l5_rounds=" + std::to_string(config.rounds),
+                                     "--l5_delay_us=" + std::to_string(config.sim_delay_us)};
+    if (network != nullptr) {
+      args.push_back("--l5_store=" + store_host);
+      args.push_back("--l5_host=" + network->hosts[static_cast<size_t>(rank)]);
+    }
     if (quick) args.push_back("--l5_quick");
     if (rank == exit_rank) args.push_back("--l5_exit_after_join");
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(&a[0]);
     argv.push_back(nullptr);
     pid_t pid = 0;
-    const int error = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ);
-    TORCH_CHECK(error == 0, "could not start rank ", rank, ": ", std::strerror(error));
+    if (in_netns) {
+      // fork, enter rank r's namespace, exec: only system calls between fork and exec (the parent has threads).
+      const int fd = netns_fds[static_cast<size_t>(rank)];
+      pid = fork();
+      if (pid == 0) {
+        if (setns(fd, CLONE_NEWNET) != 0) _exit(126);
+        execv("/proc/self/exe", argv.data());
+        _exit(127);
+      }
+      TORCH_CHECK(pid > 0, "could not start rank ", rank, ": ", std::strerror(errno));
+    } else {
+      const int error = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ);
+      TORCH_CHECK(error == 0, "could not start rank ", rank, ": ", std::strerror(error));
+    }
     pids.push_back(pid);
   }
+  for (int fd : netns_fds) close(fd);
   // Wait for rank 0's results while watching the ranks: a rank that fails ends the wait at once.
   std::string failure;
   std::vector<bool> exited(pids.size(), false);
@@ -283,6 +448,7 @@ inline std::vector<Result> launch(const Config& config, bool quick, std::chrono:
       if (!exited[r] && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
         exited[r] = true;
         if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failure = "rank " + std::to_string(r) + " failed (see above)";
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 126) failure = "rank " + std::to_string(r) + " could not enter its network namespace";
       }
     }
     if (std::chrono::steady_clock::now() > give_up) failure = "no results from rank 0 within the deadline";
@@ -308,7 +474,7 @@ inline std::vector<Result> launch(const Config& config, bool quick, std::chrono:
     }
   }
   TORCH_CHECK(failure.empty(), "lesson 5 demo: ", failure);
-  return deserialize(text, probe_ms, probe_bytes);
+  return deserialize(text, probe_ms, probe_bytes, extras);
 }
 
 }  // namespace l5demo

@@ -95,13 +95,20 @@ inline c10::intrusive_ptr<c10d::TCPStore> tcp_store(const std::string& host, uin
 
 inline uint16_t tcp_store_port(const c10d::TCPStore& store) { return store.getPort(); }
 
-/// A Gloo group for `rank` of `world_size` on `store`, talking TCP over `host` (127.0.0.1 here).
+/// A Gloo group for `rank` of `world_size` on `store`, talking TCP over `host`: an address (127.0.0.1 for
+/// loopback) or "iface:NAME" for an interface. createDeviceForHostname / createDeviceForInterface take one
+/// string in 1.13 and (string, bool lazyInit = false) in 2.x: the one-argument call compiles on both.
 inline c10::intrusive_ptr<Collectives> gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                   int world_size, std::chrono::milliseconds timeout,
                                                   const std::string& host) {
 #if WORKSHOP_HAS_GLOO
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+  const std::string iface = "iface:";
+  if (host.rfind(iface, 0) == 0) {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(host.substr(iface.size())));
+  } else {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+  }
   options->threads = 2;
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
 #else
