@@ -55,7 +55,11 @@ struct Comm::Impl {
   void delay_after(std::chrono::steady_clock::time_point done) {
     if (delay.count() <= 0) return;
     seen_until = std::max(done, seen_until) + delay;
-    std::this_thread::sleep_until(seen_until);
+    // Sleep while far away, then yield until the moment: a sleeping thread's wake-up on a busy machine can be
+    // late by milliseconds, far more than the delay simulated here (a runnable, yielding thread is not).
+    const auto spin = std::chrono::milliseconds(2);
+    if (seen_until - std::chrono::steady_clock::now() > spin) std::this_thread::sleep_until(seen_until - spin);
+    while (std::chrono::steady_clock::now() < seen_until) std::this_thread::yield();
   }
 
   // Rethrows a failed collective as one clear error: which rank, which call, and what probably happened.

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
                            {"fault_exit_rank", "a fault drill: this rank exits right after joining; the others must "
                                                "fail with a clear error, and the demo exits 1"},
                            {"csv_dir", "write the table and the summary line as CSV into this folder"},
+                           {"steps", "timed steps per variant and round (default 10; --quick: 5)"},
                            {"rounds", "every variant once per round, in turn, this many rounds (default 1)"},
                            {"sim_delay_ms", "SIMULATED latency added to every collective by dist::Comm (default 0)"},
                            {"netns", "NS0,NS1,...: start rank r inside network namespace NSr (root; see netns/)"},
@@ -73,6 +74,8 @@ int main(int argc, char** argv) {
     const std::string csv_dir = flags.get("csv_dir", "");
     l5demo::Config config = l5demo::config_for(quick, world_size);
     config.rounds = static_cast<int>(flags.get_int("rounds", 1));
+    config.steps = static_cast<int>(flags.get_int("steps", config.steps));
+    TORCH_CHECK(config.steps >= 1 && config.steps <= 1000, "--steps must be in 1 .. 1000, got ", config.steps);
     TORCH_CHECK(config.rounds >= 1 && config.rounds <= 20, "--rounds must be in 1 .. 20, got ", config.rounds);
     const double delay_ms = flags.get_double("sim_delay_ms", 0);
     TORCH_CHECK(delay_ms >= 0 && delay_ms <= 100, "--sim_delay_ms must be in 0 .. 100, got ", delay_ms);

@@ -70,7 +70,7 @@ struct Network {
 /// Extra measurements of one run (rank 0's), for the napkin math of the "On a real network" runs.
 struct Extras {
   double tiny_ms = 0;      ///< one 4-byte all-reduce (median of 20): the per-call cost of this link and Gloo
-  double forward_ms = 0;   ///< one step's parts with no communication at all, every rank busy at once
+  double forward_ms = 0;   ///< one step's parts with no communication, every rank busy at once (median of rounds)
   double backward_ms = 0;
   double optimizer_ms = 0;
 };
@@ -224,35 +224,38 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
     }
     ms.erase(ms.begin());
     local.tiny_ms = median(ms);
-    // The step's parts with no communication, every rank computing at the same time (as in the timed steps).
-    auto model = mlp(c);
-    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
-    std::vector<double> f, b, o;
-    for (int s = 0; s <= c.steps; ++s) {
-      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
-      comm.barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      at::Tensor loss = torch::nn::functional::mse_loss(model->forward(xs), ys);
-      const auto t1 = std::chrono::steady_clock::now();
-      loss.backward();
-      const auto t2 = std::chrono::steady_clock::now();
-      adam.step();
-      const auto t3 = std::chrono::steady_clock::now();
-      if (s == 0) continue;  // warm-up (Adam's state appears)
-      f.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      b.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
-      o.push_back(std::chrono::duration<double, std::milli>(t3 - t2).count());
-    }
-    local.forward_ms = median(f), local.backward_ms = median(b), local.optimizer_ms = median(o);
   }
-  if (extras) *extras = local;
   comm.set_simulated_delay(std::chrono::microseconds(c.sim_delay_us));  // from here on (0: none)
+  std::vector<double> round_forward, round_backward, round_optimizer;
 
   std::vector<Result> results(4);
   std::vector<at::Tensor> first_params;
   enum Kind { kPerParameter, kBucketed, kOverlap, kZero };
   const char* names[] = {"per-parameter all-reduce", "bucketed", "bucketed + overlap", "ZeRO-1 (+ overlap)"};
   for (int round = 0; round < std::max(1, c.rounds); ++round) {  // each round: every variant, in turn
+    {
+      // The step's parts with no communication, every rank computing at the same time, in every round (the
+      // machine's load moves): the compute part of the napkin figures.
+      auto model = mlp(c);
+      torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+      std::vector<double> f, b, o;
+      for (int s = 0; s <= c.steps; ++s) {
+        for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+        comm.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        at::Tensor loss = torch::nn::functional::mse_loss(model->forward(xs), ys);
+        const auto t1 = std::chrono::steady_clock::now();
+        loss.backward();
+        const auto t2 = std::chrono::steady_clock::now();
+        adam.step();
+        const auto t3 = std::chrono::steady_clock::now();
+        if (s == 0) continue;  // warm-up (Adam's state appears)
+        f.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        b.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+        o.push_back(std::chrono::duration<double, std::milli>(t3 - t2).count());
+      }
+      round_forward.push_back(median(f)), round_backward.push_back(median(b)), round_optimizer.push_back(median(o));
+    }
     for (int kind = kPerParameter; kind <= kZero; ++kind) {
       auto model = mlp(c);
       const std::vector<at::Tensor> params = model->parameters();
@@ -327,6 +330,9 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
       r.rel_diff = std::max(round == 0 ? 0.0 : r.rel_diff, diff / scale);
     }
   }
+  local.forward_ms = median(round_forward), local.backward_ms = median(round_backward);
+  local.optimizer_ms = median(round_optimizer);
+  if (extras) *extras = local;
   return results;
 }
 
@@ -335,6 +341,7 @@ inline int maybe_run_as_rank(int argc, char** argv) {
   int rank = -1, port = -1;
   bool quick = false, exit_after_join = false;
   Config c;
+  c.steps = 0;  // 0: the config's own
   std::string store_host = "127.0.0.1", gloo_host = "127.0.0.1";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -343,6 +350,7 @@ inline int maybe_run_as_rank(int argc, char** argv) {
     if (a.rfind("--l5_port=", 0) == 0) port = std::stoi(value("--l5_port="));
     if (a.rfind("--l5_world=", 0) == 0) c.world_size = std::stoi(value("--l5_world="));
     if (a.rfind("--l5_rounds=", 0) == 0) c.rounds = std::stoi(value("--l5_rounds="));
+    if (a.rfind("--l5_steps=", 0) == 0) c.steps = std::stoi(value("--l5_steps="));
     if (a.rfind("--l5_delay_us=", 0) == 0) c.sim_delay_us = std::stoll(value("--l5_delay_us="));
     if (a.rfind("--l5_store=", 0) == 0) store_host = value("--l5_store=");
     if (a.rfind("--l5_host=", 0) == 0) gloo_host = value("--l5_host=");
@@ -353,6 +361,7 @@ inline int maybe_run_as_rank(int argc, char** argv) {
   try {
     Config config = config_for(quick, c.world_size);
     config.rounds = c.rounds, config.sim_delay_us = c.sim_delay_us;
+    if (c.steps > 0) config.steps = c.steps;
     dist::TcpRendezvous store(store_host, port, /*is_server=*/false, std::chrono::seconds(120));
     std::unique_ptr<dist::Comm> comm = store.join(rank, config.world_size, "gloo", gloo_host);
     if (exit_after_join) std::_Exit(0);  // the fault drill: leave without a word, sockets closed by the kernel
@@ -410,6 +419,7 @@ inline std::vector<Result> launch(const Config& config, bool quick, std::chrono:
                                      "--l5_world=" + std::to_string(config.world_size),
                                      "--l5_port=" + std::to_string(port),
                                      "--l5_rounds=" + std::to_string(config.rounds),
+                                     "--l5_steps=" + std::to_string(config.steps),
                                      "--l5_delay_us=" + std::to_string(config.sim_delay_us)};
     if (network != nullptr) {
       args.push_back("--l5_store=" + store_host);

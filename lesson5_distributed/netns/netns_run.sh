@@ -4,7 +4,9 @@
 # TCPStore on rank 0's address and talking Gloo over their own addresses, as separate hosts would. Needs root;
 # without it (or when namespaces cannot be made) it says so and runs the same demo on loopback.
 #
-#   netns_run.sh --demo PATH [--world_size N] [--gbit G] [--delay_ms D] [--rounds R] [-- demo flags...]
+#   netns_run.sh --demo PATH [--world_size N] [--gbit G] [--delay_ms D] [--rounds R] [--burst_ms B]
+#                [--limit_s S] [--prefix P] [-- demo flags...]       (--name=value works too)
+#   defaults: N 2, G 1 Gbit/s per rank (0: not shaped), D 0.5 ms per collective, R 3, B 4 ms, S 600 s
 #   netns_run.sh --sweep                 delete the namespaces of runs of this script that are no longer alive
 #   netns_run.sh --hold S                make the namespaces, keep a process in each for S seconds, clean up
 #                                        (for the clean-up test: no demo needed)
@@ -23,22 +25,29 @@ gbit=1
 delay_ms=0.5
 rounds=3
 limit_s=600
+burst_ms=4
 hold=""
 sweep_only=0
 demo_args=()
 while [[ $# -gt 0 ]]; do
+  if [[ $1 =~ ^(--[a-z_]+)=(.*)$ && $1 != --\ * ]]; then  # --name=value is --name value
+    name=${BASH_REMATCH[1]} value=${BASH_REMATCH[2]}
+    shift
+    set -- "$name" "$value" "$@"
+  fi
   case $1 in
     --demo) demo=$2; shift 2 ;;
     --world_size) world_size=$2; shift 2 ;;
     --gbit) gbit=$2; shift 2 ;;
     --delay_ms) delay_ms=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
+    --burst_ms) burst_ms=$2; shift 2 ;;
     --limit_s) limit_s=$2; shift 2 ;;
     --prefix) prefix=$2; shift 2 ;;
     --hold) hold=$2; shift 2 ;;
     --sweep) sweep_only=1; shift ;;
     --) shift; demo_args=("$@"); break ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "netns_run: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -46,6 +55,7 @@ done
 [[ $world_size =~ ^[0-9]+$ && $world_size -ge 1 && $world_size -le 8 ]] ||
   { echo "netns_run: --world_size must be 1 .. 8, got '$world_size'" >&2; exit 2; }
 [[ $gbit =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "netns_run: --gbit must be a number, got '$gbit'" >&2; exit 2; }
+[[ $burst_ms =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "netns_run: --burst_ms must be a number, got '$burst_ms'" >&2; exit 2; }
 [[ $delay_ms =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "netns_run: --delay_ms must be a number, got '$delay_ms'" >&2; exit 2; }
 
 run_id=$$
@@ -141,7 +151,8 @@ if ip netns exec "$ns0" tc qdisc add dev eth0 root netem delay 1ms 2>/dev/null; 
   ip netns exec "$ns0" tc qdisc del dev eth0 root
 fi
 rate_kbit=$(awk -v g="$gbit" 'BEGIN { printf "%d", g * 1000000 }')
-burst=$(awk -v g="$gbit" 'BEGIN { b = g * 1e9 / 8 / 1000; if (b < 65536) b = 65536; printf "%d", b }')  # 1 ms at the rate
+# tbf's bucket: burst_ms at the rate (at least 64 KiB, one GSO packet): what the link may send at once after a pause.
+burst=$(awk -v g="$gbit" -v ms="$burst_ms" 'BEGIN { b = g * 1e9 / 8 * ms / 1000; if (b < 65536) b = 65536; printf "%d", b }')
 for ns in "${names[@]}"; do
   if [[ $rate_kbit -gt 0 && $netem == 1 ]]; then
     ip netns exec "$ns" tc qdisc add dev eth0 root netem delay "${delay_ms}ms" rate "${rate_kbit}kbit" limit 100000
