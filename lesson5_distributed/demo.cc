@@ -168,13 +168,15 @@ int main(int argc, char** argv) {
     std::cout << "\nNapkin math: link " << workshop::fixed(bytes_per_s * 8 / 1e9, 3) << " Gbit/s per rank ("
               << (link_gbit > 0 ? "kernel-shaped rate" : "measured") << "; the large all-reduce measured "
               << workshop::fixed(measured_bytes_per_s * 8 / 1e9, 3) << "), " << workshop::fixed(delay_ms, 3)
-              << " ms simulated + " << workshop::fixed(link_delay_ms, 3) << " ms kernel + " << workshop::fixed(extras.tiny_ms, 3) << " ms measured (4-byte all-reduce) per "
-              << "call; compute with no communication: forward " << workshop::fixed(extras.forward_ms, 2)
+              << " ms simulated + " << workshop::fixed(link_delay_ms, 3) << " ms kernel per call; "
+              << workshop::fixed(l5demo::step_cost_ms(extras, world_size, bytes_per_s), 3) << " ms per message step "
+              << "(a " << workshop::mib(extras.tiny_bytes) << " all-reduce took " << workshop::fixed(extras.tiny_ms, 3)
+              << " ms); compute with no communication: forward " << workshop::fixed(extras.forward_ms, 2)
               << " ms, backward " << workshop::fixed(extras.backward_ms, 2) << " ms, optimizer "
               << workshop::fixed(extras.optimizer_ms, 2) << " ms\n";
     workshop::Table napkins("lesson5_network",
                             {"variant", "ranks", "calls / step", "step ms (median of rounds)", "napkin ms",
-                             "measured / napkin", "napkin: compute", "napkin: wire", "napkin: per-call",
+                             "measured / napkin", "napkin: compute", "napkin: wire", "napkin: calls",
                              "round medians ms"});
     for (size_t k = 0; k < results.size(); ++k) {
       const l5demo::Result& r = results[k];

@@ -69,7 +69,8 @@ struct Network {
 
 /// Extra measurements of one run (rank 0's), for the napkin math of the "On a real network" runs.
 struct Extras {
-  double tiny_ms = 0;      ///< one 4-byte all-reduce (median of 20): the per-call cost of this link and Gloo
+  double tiny_ms = 0;      ///< one small all-reduce (median of 20): the per-call cost of this link and Gloo
+  double tiny_bytes = 0;   ///< its payload (16 KiB: a few chunks per rank, little time on the wire)
   double forward_ms = 0;   ///< one step's parts with no communication, every rank busy at once (median of rounds)
   double backward_ms = 0;
   double optimizer_ms = 0;
@@ -101,31 +102,40 @@ struct Result {
 
 // [napkin]
 /// The napkin figure of one variant's step (results[kind]: 0 per-parameter, 1 bucketed, 2 bucketed + overlap,
-/// 3 ZeRO-1) on a link that carries `bytes_per_s` out of each rank, with `delay_ms` of latency per collective:
-///   all-reduce:  ring, 2 (N - 1) / N of the payload out of every rank  -> wire / bandwidth;
-///   broadcast:   Gloo's binomial tree, ceil(log2 N) rounds of the payload out of the root -> rounds x bytes / bw;
-///   every call:  delay + the measured cost of a 4-byte all-reduce (Gloo and the kernel, per call);
+/// 3 ZeRO-1) on a link that carries `bytes_per_s` out of each rank, `delay_ms` of latency per collective, and
+/// `step_ms` of cost per message step (alpha: Gloo, the kernel and waking the peer's thread, measured):
+///   all-reduce:  ring, 2 (N - 1) steps; 2 (N - 1) / N of the payload out of every rank -> wire / bandwidth;
+///   broadcast:   Gloo's binomial tree, ceil(log2 N) steps, the payload out of the root in each -> steps x bytes / bw;
+///   every call:  delay + its steps x alpha;
 ///   compute:     forward, backward and the optimizer step measured with no communication (ZeRO-1: 1/N of it);
 ///   overlap:     the all-reduces run under backward: forward + max(backward, all-reduce) + optimizer.
 struct Napkin {
   double compute_ms = 0, wire_ms = 0, calls_ms = 0, total_ms = 0;
 };
 
+/// alpha from the small all-reduce of `e`: its time less its wire time, per ring step.
+inline double step_cost_ms(const Extras& e, int n, double bytes_per_s) {
+  if (n < 2) return 0;
+  const double wire_ms = dist::ring_allreduce_wire_bytes(e.tiny_bytes, n) / bytes_per_s * 1e3;
+  return std::max(0.0, e.tiny_ms - wire_ms) / (2.0 * (n - 1));
+}
+
 inline Napkin napkin(int kind, const Result& r, const Extras& e, int n, double bytes_per_s, double delay_ms) {
-  const double per_call_ms = delay_ms + e.tiny_ms;
-  const double tree_rounds = std::ceil(std::log2(std::max(1, n)));
+  const double alpha = step_cost_ms(e, n, bytes_per_s);
+  const double ring_steps = n > 1 ? 2.0 * (n - 1) : 0, tree_steps = std::ceil(std::log2(std::max(1, n)));
   const double reduce_wire_ms = dist::ring_allreduce_wire_bytes(r.all_reduce_bytes, n) / bytes_per_s * 1e3;
-  const double bcast_wire_ms = tree_rounds * r.broadcast_bytes / bytes_per_s * 1e3;
-  const double reduce_ms = reduce_wire_ms + r.all_reduce_calls * per_call_ms;
-  const double bcast_ms = bcast_wire_ms + r.broadcast_calls * per_call_ms;
+  const double bcast_wire_ms = tree_steps * r.broadcast_bytes / bytes_per_s * 1e3;
+  const double reduce_calls_ms = r.all_reduce_calls * (delay_ms + ring_steps * alpha);
+  const double bcast_calls_ms = r.broadcast_calls * (delay_ms + tree_steps * alpha);
   const bool overlap = kind >= 2;
   const double optimizer_ms = kind == 3 ? e.optimizer_ms / n : e.optimizer_ms;
+  const double reduce_ms = reduce_wire_ms + reduce_calls_ms;
   Napkin out;
   out.compute_ms = e.forward_ms + e.backward_ms + optimizer_ms;
   out.wire_ms = reduce_wire_ms + bcast_wire_ms;
-  out.calls_ms = (r.all_reduce_calls + r.broadcast_calls) * per_call_ms;
+  out.calls_ms = reduce_calls_ms + bcast_calls_ms;
   out.total_ms = e.forward_ms + (overlap ? std::max(e.backward_ms, reduce_ms) : e.backward_ms + reduce_ms) +
-                 optimizer_ms + bcast_ms;
+                 optimizer_ms + bcast_wire_ms + bcast_calls_ms;
   return out;
 }
 // [napkin]
@@ -135,7 +145,7 @@ inline std::string serialize(const std::vector<Result>& results, double probe_ms
   std::ostringstream out;
   out.precision(17);
   out << probe_ms << " " << probe_bytes << " " << extras.tiny_ms << " " << extras.forward_ms << " "
-      << extras.backward_ms << " " << extras.optimizer_ms << "\n";
+      << extras.backward_ms << " " << extras.optimizer_ms << " " << extras.tiny_bytes << "\n";
   for (const auto& r : results) {
     out << r.variant << "\t" << r.collectives_per_step << "\t" << r.payload_bytes_per_step << "\t"
         << r.napkin_bytes_per_step << "\t" << r.median_ms << "\t" << r.min_ms << "\t" << r.max_ms << "\t" << r.optimizer_state_bytes << "\t" << r.rel_diff
@@ -153,7 +163,8 @@ inline std::vector<Result> deserialize(const std::string& text, double* probe_ms
   std::string line;
   std::getline(in, line);
   Extras e;
-  std::istringstream(line) >> *probe_ms >> *probe_bytes >> e.tiny_ms >> e.forward_ms >> e.backward_ms >> e.optimizer_ms;
+  std::istringstream(line) >> *probe_ms >> *probe_bytes >> e.tiny_ms >> e.forward_ms >> e.backward_ms >>
+      e.optimizer_ms >> e.tiny_bytes;
   if (extras) *extras = e;
   std::vector<Result> out;
   while (std::getline(in, line)) {
@@ -213,8 +224,9 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
   // [demo_probe]
   Extras local;
   {
-    // The per-call cost of the link and of Gloo: a 4-byte all-reduce (median of 20), no simulated delay yet.
-    at::Tensor tiny = at::ones({1});
+    // The per-call cost of the link and of Gloo: a small all-reduce (median of 20), no simulated delay yet.
+    at::Tensor tiny = at::ones({4096});
+    local.tiny_bytes = static_cast<double>(tiny.nbytes());
     std::vector<double> ms;
     for (int i = 0; i < 21; ++i) {
       comm.barrier();
