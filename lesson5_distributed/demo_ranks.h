@@ -101,19 +101,19 @@ struct Result {
 };
 
 // [napkin]
-/// The napkin figure of one variant's step (results[kind]: 0 per-parameter, 1 bucketed, 2 bucketed + overlap,
-/// 3 ZeRO-1) on a link that carries `bytes_per_s` out of each rank, `delay_ms` of latency per collective, and
-/// `step_ms` of cost per message step (alpha: Gloo, the kernel and waking the peer's thread, measured):
-///   all-reduce:  ring, 2 (N - 1) steps; 2 (N - 1) / N of the payload out of every rank -> wire / bandwidth;
-///   broadcast:   Gloo's binomial tree, ceil(log2 N) steps, the payload out of the root in each -> steps x bytes / bw;
-///   every call:  delay + its steps x alpha;
-///   compute:     forward, backward and the optimizer step measured with no communication (ZeRO-1: 1/N of it);
-///   overlap:     the all-reduces run under backward: forward + max(backward, all-reduce) + optimizer.
+// The napkin figure of one variant's step (results[kind]: 0 per-parameter, 1 bucketed, 2 bucketed + overlap,
+// 3 ZeRO-1) on a link that carries `bytes_per_s` out of each rank, with `delay_ms` of latency per collective and
+// alpha per message step (step_cost_ms: Gloo, the kernel and waking the peer's thread, measured in `e`):
+//   all-reduce:  ring, 2 (N - 1) steps; 2 (N - 1) / N of the payload out of every rank -> wire / bandwidth;
+//   broadcast:   Gloo's binomial tree, ceil(log2 N) steps, the payload out of the root in each -> steps x bytes / bw;
+//   every call:  delay + its steps x alpha;
+//   compute:     forward, backward and the optimizer step measured with no communication (ZeRO-1: 1/N of it);
+//   overlap:     the all-reduces run under backward: forward + max(backward, all-reduce) + optimizer.
 struct Napkin {
   double compute_ms = 0, wire_ms = 0, calls_ms = 0, total_ms = 0;
 };
 
-/// alpha from the small all-reduce of `e`: its time less its wire time, per ring step.
+// alpha from the small all-reduce of `e`: its time less its wire time, per ring step.
 inline double step_cost_ms(const Extras& e, int n, double bytes_per_s) {
   if (n < 2) return 0;
   const double wire_ms = dist::ring_allreduce_wire_bytes(e.tiny_bytes, n) / bytes_per_s * 1e3;
