@@ -99,15 +99,16 @@ void lesson5(Context& c) {
   c.peer->run("l5", "worlds=" + join(worlds, "+") + ",width=" + std::to_string(config.width) + ",depth=" +
                         std::to_string(config.depth) + ",batch=" + std::to_string(config.batch) + ",bucket_bytes=" +
                         std::to_string(config.bucket_bytes) + ",steps=" + std::to_string(config.steps) +
-                        ",threads=" + std::to_string(threads) + ",timeout=600");
+                        ",threads=" + std::to_string(threads) + ",timeout=" + std::string(c.quick ? "180" : "600"));
   c.notes.push_back(
       "Lesson 5: PyTorch's side is DistributedDataParallel (gloo, bucket_cap_mb = our bucket budget, which "
       "overlaps by default: beside our \"bucketed + overlap\") and DDP + ZeroRedundancyOptimizer(Adam) beside our "
       "ZeRO-1; the same MLP, seeds, shards, Adam(1e-3), one warm-up step, then timed steps each after a barrier, "
       "rank 0's median. Its call counts come from an extra, untimed step with a counting comm hook (DDP's "
-      "all-reduces) and counting wrappers of torch.distributed.broadcast / all_gather (ZeRO's). DDP also makes "
-      "its first bucket small (about 1 MiB by default) and orders buckets by the first backward's gradient order; "
-      "ours fills buckets in reverse parameter order. Lesson 5 runs once per world size, whatever --rounds.");
+      "all-reduces) and counting wrappers of torch.distributed.broadcast / all_gather (ZeRO's). DDP caps its "
+      "first bucket separately (dist._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB): the peer sets it to the same budget. "
+      "DDP orders its buckets by the first backward's gradient order, ours fills them in reverse parameter order. "
+      "Lesson 5 runs once per world size, whatever --rounds.");
 }
 
 }  // namespace bench
