@@ -165,7 +165,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def case_l1(device, spec):
-    """bench_lesson1: MLP of depth x (Linear(width, width), ReLU), batch, SGD(lr 1e-4), mse loss."""
+    """bench/lesson1.cc: MLP of depth x (Linear(width, width), ReLU), batch, SGD(lr 1e-4), mse loss."""
     width, depth, batch = int(spec["width"]), int(spec["depth"]), int(spec["batch"])
     warmup, repeats = int(spec["warmup"]), int(spec["repeats"])
     for key in spec["variants"].split("+"):
@@ -215,7 +215,7 @@ def case_l1(device, spec):
 
 
 def case_l2(device, spec):
-    """bench_lesson2: Linear(256, w), ReLU, Linear(w, w), ReLU, Linear(w, 16); SGD(1e-4); K micro-batches."""
+    """bench/lesson2.cc: Linear(256, w), ReLU, Linear(w, w), ReLU, Linear(w, 16); SGD(1e-4); K micro-batches."""
     batch, width = int(spec["batch"]), int(spec["width"])
     warmup, repeats = int(spec["warmup"]), int(spec["repeats"])
     torch.manual_seed(0)
