@@ -27,19 +27,31 @@ check "a lesson 5 ZeRO-1 row" grep -q "^lesson 5: data parallel (N=2),ZeRO-1" "$
 check "the Markdown names the device" grep -q "Device: " "$out/bench_cpu.md"
 check "the Markdown has the side-by-side table" grep -q "| time ours/PyTorch |" "$out/bench_cpu.md"
 check "the Markdown has the scaler's napkin math" grep -q "the floor" "$out/bench_cpu.md"
+# A ceiling is a best case: no "of ceiling" cell may read above 100% (a row that beats its ceiling says "suspect").
+over=$(grep -cE '\| (1[0-9][0-9]|[2-9][0-9][0-9]|[0-9]{4,})\.[0-9]% \|' "$out/bench_cpu.md")
+check "no fraction of a ceiling above 100% (got $over)" test "$over" -eq 0
+check "the ceilings table counts its measurements" grep -q "^| ceiling | measured | measurements |" "$out/bench_cpu.md"
+check "the Markdown records the load average" grep -qE "^Load: [0-9.]+ at the start" "$out/bench_cpu.md"
 if /usr/bin/python3 -c 'import torch' > /dev/null 2>&1; then
   echo "-- /usr/bin/python3 has torch: expecting the peer's rows"
   theirs=$(grep -c ',pytorch,' "$out/bench_cpu.csv")
-  # lesson 1: 2, lesson 2: 3, lesson 4: 4, scaler: 1 (a time, or the reason it is not available)
-  check "at least 10 PyTorch rows in the CSV (got $theirs)" test "$theirs" -ge 10
+  # lesson 1: 2, lesson 2: 3, lesson 4: 4, scaler: 1 (a time, or the reason it is not available), lesson 5 (N=2):
+  # DistributedDataParallel and ZeroRedundancyOptimizer
+  check "at least 12 PyTorch rows in the CSV (got $theirs)" test "$theirs" -ge 12
   check "the Markdown names PyTorch's version" grep -q "^Peer: PyTorch [0-9]" "$out/bench_cpu.md"
   # Every lesson-2 line of the side-by-side table has a PyTorch time and a time ratio.
   l2=$(grep -cE '^\| lesson 2: accumulation \| K=[0-9]+ [^|]*\| [0-9.]+ \| [0-9.]+ \| [0-9.]+x ' "$out/bench_cpu.md")
   check "3 lesson-2 lines with PyTorch's time and a ratio (got $l2)" test "$l2" -eq 3
   check "the peer's peaks are measured (lesson 4 plain)" \
     grep -qE '^\| lesson 4: memory \| plain \| [0-9.]+ \| [0-9.]+ \|([^|]*\|){3} [0-9.]+ MiB \| [0-9.]+ MiB \|' "$out/bench_cpu.md"
+  # Lesson 5: DDP beside "bucketed + overlap", ZeRO beside ZeRO-1, each with PyTorch's time and call count.
+  l5=$(grep -cE '^\| lesson 5: data parallel \(N=2\) \| [^|]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x .*[0-9]+ calls/step' \
+    "$out/bench_cpu.md")
+  check "2 lesson-5 lines with PyTorch's time and calls (got $l5)" test "$l5" -eq 2
+  check "the DDP line names DistributedDataParallel" \
+    grep -qE '^\| lesson 5: data parallel \(N=2\) \| bucketed \+ overlap \|.*DistributedDataParallel\(gloo' "$out/bench_cpu.md"
   verdicts=$(grep -cE '\| (within noise|ours slower|ours faster) \|' "$out/bench_cpu.md")
-  check "every compared line has a time verdict (got $verdicts of 9)" test "$verdicts" -eq 9
+  check "every compared line has a time verdict (got $verdicts of 11)" test "$verdicts" -eq 11
 else
   echo "-- /usr/bin/python3 has no torch: expecting the 'not installed' message"
   check "the log says the peer did not run" grep -q "PyTorch peer: NOT RUN: .*cannot import torch" "$tmp/full.log"
@@ -63,7 +75,14 @@ if [[ -x /usr/bin/python3 ]]; then
   check "without torch our rows are still there" test "$(grep -c ',ours,' "$out2/bench_cpu.csv")" -eq 3
 fi
 
-# 3. No interpreter at all.
+# 3. An unknown case is refused, naming the known ones.
+"$bench" --device=cpu --quick --cases=l9 --peer=off > "$tmp/bad_case.log" 2>&1
+status=$?
+check "an unknown case fails (got $status)" test "$status" -ne 0
+check "an unknown case is named with the known ones" grep -q "unknown case 'l9' (known: l1,l2,l3,l4,scaler,l5)" \
+  "$tmp/bad_case.log"
+
+# 4. No interpreter at all.
 "$bench" --device=cpu --quick --cases=l2 --peer_python=/nonexistent/python3 > "$tmp/no_python.log" 2>&1
 status=$?
 cat "$tmp/no_python.log"

@@ -1,6 +1,6 @@
 """The PyTorch peer of //bench: the same workloads as the C++ rows, run with PyTorch's own implementations.
 
-//bench (bench/bench.cc) runs this script once per case as a subprocess, with the exact sizes, seed, thread
+//bench (bench/lesson*.cc, bench/scaler.cc) runs this script once per case as a subprocess, with the exact sizes, seed, thread
 count and device of its own rows, and merges what it prints into its tables:
 
     python3 bench/peer.py --device=cpu --threads=1 --case=l1 --spec=width=1024,depth=4,batch=512,...
@@ -11,13 +11,12 @@ same warm-up and repetitions, same timer: synchronise, clock, work, synchronise,
   l2      lesson 2's accumulation loop (per micro-batch loss weighted by its share of the window)
   l4      lesson 4's recipes: torch.utils.checkpoint.checkpoint_sequential with the same number of segments
   scaler  the GradScaler's own cost: scale + unscale_ + step + update over many parameter tensors
-  l5      (seam) lesson 5's DistributedDataParallel on gloo, once lesson 5 exists: add a function case_l5
-          below that spawns the same number of ranks on a FileStore, and a bench_lesson5 in bench.cc that
-          calls run_peer(c, "l5", ...). Until then --case=l5 says that it does not exist yet.
+  l5      lesson 5's data-parallel step: DistributedDataParallel (gloo, the same bucket cap) and DDP +
+          ZeroRedundancyOptimizer, on N spawned rank processes meeting at a FileStore (bounded by a timeout)
 
 Peak bytes. On CUDA: the caching allocator's statistics (peak minus what was allocated at the start), as the
 C++ meter reads them. On CPU: the CPU allocator's allocation and free events from the legacy profiler
-(profile_memory): their running sum over one step, maximum minus start (see cpu_peak_bytes). bench.cc measures its own rows the
+(profile_memory): their running sum over one step, maximum minus start (see cpu_peak_bytes). bench/peer_runner.cc measures our rows the
 same way (and also with its counting allocator), so both sides report the same quantity.
 
 Output, one line per record on stdout, tab-separated:
@@ -166,7 +165,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def case_l1(device, spec):
-    """bench_lesson1: MLP of depth x (Linear(width, width), ReLU), batch, SGD(lr 1e-4), mse loss."""
+    """bench/lesson1.cc: MLP of depth x (Linear(width, width), ReLU), batch, SGD(lr 1e-4), mse loss."""
     width, depth, batch = int(spec["width"]), int(spec["depth"]), int(spec["batch"])
     warmup, repeats = int(spec["warmup"]), int(spec["repeats"])
     for key in spec["variants"].split("+"):
@@ -216,7 +215,7 @@ def case_l1(device, spec):
 
 
 def case_l2(device, spec):
-    """bench_lesson2: Linear(256, w), ReLU, Linear(w, w), ReLU, Linear(w, 16); SGD(1e-4); K micro-batches."""
+    """bench/lesson2.cc: Linear(256, w), ReLU, Linear(w, w), ReLU, Linear(w, 16); SGD(1e-4); K micro-batches."""
     batch, width = int(spec["batch"]), int(spec["width"])
     warmup, repeats = int(spec["warmup"]), int(spec["repeats"])
     torch.manual_seed(0)
@@ -355,9 +354,192 @@ def case_scaler(device, spec):
     row("scaler.pytorch", timing, None, what + ", %d tensors" % len(params))
 
 
+def _l5_median(samples):
+    """demo_ranks.h's median (the upper middle of an even count), so both sides summarise the steps alike."""
+    samples = sorted(samples)
+    return samples[len(samples) // 2]
+
+
+def _l5_rank(rank, world, store_path, spec, results):
+    """One rank of case_l5 (a spawned process): DDP, then DDP + ZeroRedundancyOptimizer, as demo_ranks.h's ranks."""
+    import os
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only, as our ranks
+    import faulthandler
+    # A rank that hangs prints where, a little before the parent's deadline kills it.
+    faulthandler.dump_traceback_later(float(spec.get("timeout", "600")) * 0.9, exit=True)
+    torch.set_num_threads(int(spec["threads"]))
+    width, depth, batch = int(spec["width"]), int(spec["depth"]), int(spec["batch"])
+    bucket_mb = int(spec["bucket_bytes"]) / 2 ** 20
+    steps = int(spec["steps"])
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    try:
+        # demo_ranks.h: data from seed 1, each rank's contiguous shard; the model from seed 0.
+        torch.manual_seed(1)
+        x, y = torch.randn(batch, width), torch.randn(batch, width)
+        per_rank = batch // world
+        xs, ys = x.narrow(0, rank * per_rank, per_rank), y.narrow(0, rank * per_rank, per_rank)
+
+        def mlp():
+            torch.manual_seed(0)
+            layers = []
+            for i in range(depth):
+                layers.append(torch.nn.Linear(width, width))
+                if i + 1 < depth:
+                    layers.append(torch.nn.Tanh())
+            return torch.nn.Sequential(*layers)
+
+        try:
+            from torch.distributed.optim import ZeroRedundancyOptimizer  # 1.8 and later
+        except ImportError:
+            ZeroRedundancyOptimizer = None
+        # DDP caps its first bucket at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB), the others at bucket_cap_mb;
+        # ours caps every bucket at the budget: the same cap for all of them, where this version has the knob.
+        if hasattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES"):
+            dist._DEFAULT_FIRST_BUCKET_BYTES = int(spec["bucket_bytes"])
+        out = {"threads": torch.get_num_threads(), "first_bucket": hasattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES")}
+        for variant in ["ddp", "zero"]:
+            if variant == "zero" and ZeroRedundancyOptimizer is None:
+                out[variant] = None
+                continue
+
+            def build(count_hook):
+                model = DistributedDataParallel(mlp(), bucket_cap_mb=bucket_mb)
+                if count_hook is not None:
+                    model.register_comm_hook(None, count_hook)
+                if variant == "zero":
+                    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
+                                                        lr=1e-3)
+                else:
+                    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+                def step():
+                    optimizer.zero_grad(set_to_none=True)
+                    F.mse_loss(model(xs), ys).backward()
+                    optimizer.step()
+                return step
+
+            step = build(None)  # DDP's own (C++) all-reduce path: the timed one
+            step()  # warm-up: Adam's state; DDP rebuilds its buckets after the first backward
+            samples = []
+            for _ in range(steps):
+                dist.barrier()
+                start = time.perf_counter()
+                step()
+                samples.append((time.perf_counter() - start) * 1e3)
+            # Counting, untimed: the same model and bucket cap with a comm hook that counts and then does what
+            # DDP's default does (allreduce_hook), and ZeRO's broadcasts / all-gathers through counting wrappers.
+            calls = {"all_reduce": 0, "broadcast": 0, "all_gather": 0}
+
+            def counting_hook(state, bucket):
+                calls["all_reduce"] += 1
+                return allreduce_hook(state, bucket)
+
+            counted = build(counting_hook)
+            counted()  # the first step: buckets rebuilt after it
+            originals = {name: getattr(dist, name) for name in ("broadcast", "all_gather")}
+
+            def counting(name):
+                def call(*args, **kwargs):
+                    calls[name] += 1
+                    return originals[name](*args, **kwargs)
+                return call
+
+            for key in calls:
+                calls[key] = 0
+            for name in originals:
+                setattr(dist, name, counting(name))
+            try:
+                counted()
+            finally:
+                for name, function in originals.items():
+                    setattr(dist, name, function)
+            out[variant] = (_l5_median(samples), min(samples), max(samples), dict(calls))
+        dist.barrier()
+        if rank == 0:
+            results.put(out)  # a pipe write, done when put() returns
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    # Leave without tearing the group down: on a loaded machine gloo's teardown has hung a rank past the
+    # parent's deadline, and every rank has passed the last barrier, so nothing is left to wait for.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def case_l5(device, spec):
-    raise SystemExit("peer.py: lesson 5 (DistributedDataParallel on gloo) does not exist yet; see the module "
-                     "docstring for where its peer goes")
+    """demo_ranks.h's data-parallel step with PyTorch's DistributedDataParallel and ZeroRedundancyOptimizer.
+
+    For each world size, spawns that many rank processes (torch.multiprocessing, start method "spawn") that meet
+    at a FileStore in a temporary folder and join one gloo group on loopback. Bounded by spec["timeout"] seconds
+    per world size: ranks still running then are killed, and the rows say so."""
+    import os
+    import shutil
+    import tempfile
+    import torch.multiprocessing as mp
+    if device.type != "cpu":
+        for n in spec["worlds"].split("+"):
+            for variant in ("ddp", "zero"):
+                emit("na", "l5.n%s.%s" % (n, variant), "the lesson 5 bench runs gloo on CPU only")
+        return
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        for n in spec["worlds"].split("+"):
+            for variant in ("ddp", "zero"):
+                emit("na", "l5.n%s.%s" % (n, variant), "this torch has no gloo backend")
+        return
+    context = mp.get_context("spawn")
+    timeout = float(spec.get("timeout", "600"))
+    for n in (int(v) for v in spec["worlds"].split("+")):
+        folder = tempfile.mkdtemp(prefix="bench_peer_l5_")
+        results = context.SimpleQueue()
+        ranks = [context.Process(target=_l5_rank, args=(r, n, os.path.join(folder, "store"), spec, results))
+                 for r in range(n)]
+        failure = ""
+        try:
+            for p in ranks:
+                p.start()
+            deadline = time.monotonic() + timeout
+            while any(p.is_alive() for p in ranks) and time.monotonic() < deadline:
+                if any(p.exitcode not in (None, 0) for p in ranks):
+                    break  # one rank failed: the others wait for it forever
+                time.sleep(0.05)
+            for r, p in enumerate(ranks):
+                if p.is_alive():
+                    failure = failure or ("rank %d still running after %.0f s: killed" % (r, timeout)
+                                          if time.monotonic() >= deadline else "rank %d was left waiting" % r)
+                    p.kill()  # only the processes this case started
+                p.join()
+                if p.exitcode != 0 and not failure:
+                    failure = "rank %d exited with status %s (its error is printed above)" % (r, p.exitcode)
+            out = None if failure or results.empty() else results.get()
+        finally:
+            for p in ranks:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            shutil.rmtree(folder, ignore_errors=True)
+        if out is None:
+            raise SystemExit("peer.py l5 with %d ranks: %s" % (n, failure or "rank 0 sent no results"))
+        for variant, what in (("ddp", "DistributedDataParallel(gloo, bucket_cap_mb=%g)" % (
+                                  int(spec["bucket_bytes"]) / 2 ** 20)),
+                              ("zero", "DDP + ZeroRedundancyOptimizer(Adam)")):
+            key = "l5.n%d.%s" % (n, variant)
+            if out[variant] is None:
+                emit("na", key, "torch %s has no torch.distributed.optim.ZeroRedundancyOptimizer" % short_version())
+                continue
+            median, fastest, slowest, calls = out[variant]
+            if variant == "ddp" and out.get("first_bucket"):
+                what += ", first bucket capped the same"
+            counted = ", ".join("%d %s" % (v, k) for k, v in calls.items() if v)
+            row(key, (median, fastest, slowest), None,
+                "%s; %d calls/step (%s); %d thread(s)/rank" % (what, sum(calls.values()), counted or "none",
+                                                              out["threads"]))
 
 
 CASES = {"l1": case_l1, "l2": case_l2, "l4": case_l4, "scaler": case_scaler, "l5": case_l5}

@@ -1,0 +1,113 @@
+// The bench's shared harness: the rows every case adds, the ceilings measured beside them, the rounds that
+// interleave ours and PyTorch's, and the report (console tables, CSV, Markdown). The cases themselves live one
+// file per lesson (bench/lesson1.cc ... bench/lesson5.cc, bench/scaler.cc); bench/main.cc lists them in a table.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include "bench/peer_runner.h"
+#include "common/device.h"
+
+namespace bench {
+
+/// One line of the main table: a variant of one lesson's claim.
+struct Row {
+  std::string bench;    ///< which lesson's claim
+  std::string variant;  ///< baseline or improvement
+  workshop::Timing timing;
+  double flops = 0;         ///< per repetition
+  double bytes = 0;         ///< moved per repetition (napkin), or peak bytes for memory cases
+  std::string ceiling_key;  ///< the Ceilings entry this row is held against ("" if none)
+  double ratio = 0;         ///< baseline median / this median (speed-up)
+  std::string note;
+  std::string key;             ///< the PyTorch peer's row for the same workload ("" if it has none)
+  int64_t same_way_peak = -1;  ///< peak bytes measured as the peer measures its own (-1: not measured)
+};
+
+/// The GradScaler's own cost, one implementation per row.
+struct ScalerRow {
+  std::string name;
+  workshop::Timing timing{};
+  std::string unavailable;  ///< non-empty: not run here, and why
+  std::string note;
+};
+
+/// Ceilings: the best rate a workload's kernels reach on this device, measured the way the workload runs (same
+/// thread count, same shapes, same dtype), each time a case runs (so, interleaved with the cases and across
+/// rounds), keeping the BEST over the run. A ceiling is a best case: its best repetition counts, not a median.
+class Ceilings {
+ public:
+  /// Measures a matmul [m, k] x [k, n] in `dtype` now (tf32: CUDA's TF32 matmuls) and returns its key; the
+  /// entry keeps the highest FLOP/s seen so far.
+  std::string matmul(c10::Device device, c10::ScalarType dtype, bool tf32, int64_t m, int64_t k, int64_t n,
+                     int repeats);
+  /// Measures a copy of `floats` float32 elements (one read and one write each) now and returns its key.
+  std::string copy(c10::Device device, int64_t floats, int repeats);
+  /// Measures `key` once more (its best may rise). Unknown keys are an error.
+  void remeasure(const std::string& key);
+
+  double best(const std::string& key) const;       ///< FLOP/s or B/s; 0 for an unknown key
+  std::string name(const std::string& key) const;  ///< e.g. "fp32 matmul 512x1024x1024"
+  std::string unit(const std::string& key) const;  ///< "GFLOP/s" or "GB/s"
+  int measurements(const std::string& key) const;
+  const std::vector<std::string>& keys() const { return order_; }  ///< in first-measured order
+
+ private:
+  struct Entry {
+    std::string name, unit;
+    double best = 0;
+    int measurements = 0;
+    std::function<double()> measure;  ///< one measurement: the best repetition's rate
+  };
+  std::string add(const std::string& key, Entry entry);
+  std::map<std::string, Entry> entries_;
+  std::vector<std::string> order_;
+};
+
+/// What every case reads and adds to.
+struct Context {
+  c10::Device device{c10::kCPU};
+  bool quick = false;
+  std::vector<int> world_sizes;  ///< lesson 5's ranks (--world_sizes)
+  std::vector<Row> rows;
+  Ceilings ceilings;
+  std::vector<std::pair<int, double>> loopback_ceilings;  ///< lesson 5: (ranks, B/s sent per rank, ring napkin)
+  std::unique_ptr<Peer> peer;
+  std::vector<ScalerRow> scaler_rows;
+  int64_t scaler_tensors = 0, scaler_elements = 0;
+  std::string scaler_copy_ceiling;  ///< the Ceilings key the scaler's napkin math uses
+  std::vector<std::string> notes;   ///< what differs between ours and PyTorch's, in structure (for the report)
+};
+
+/// One benchmark case: a lesson's claim, run by name (--cases=NAME,...).
+struct Case {
+  std::string name;              ///< e.g. "l1"
+  void (*run)(Context&);         ///< adds the case's rows (and runs its peer), once per round
+  bool once = false;             ///< true: run once whatever --rounds (lesson 5 relaunches processes)
+  void (*finish)(Context&) = nullptr;  ///< after all rounds (e.g. take the peer's summary over the rounds)
+  /// A case whose workers are processes of this binary: returns their exit code when argv is a worker's, -1
+  /// otherwise. The harness asks every case before anything else.
+  int (*as_subprocess)(int argc, char** argv) = nullptr;
+};
+
+/// The bench's whole main: flags, ceilings, the cases in table order, the report. Returns the exit code.
+int run_bench(int argc, char** argv, const std::vector<Case>& cases);
+
+// ---- small helpers the cases share ------------------------------------------------------------------------
+
+/// CUDA's TF32 matmuls on or off (present in LibTorch 1.13 and 2.x; only CUDA matmuls read it).
+void set_tf32(bool on);
+/// Whether this LibTorch runs float16 autocast on `device` (CUDA always; CPU from 2.3, see compat.h).
+bool fp16_autocast(c10::Device device);
+std::string join(const std::vector<std::string>& parts, const std::string& separator);
+
+}  // namespace bench
