@@ -65,8 +65,9 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
 // [step]
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   // TODO(lesson1, step 5): Disabled: optimizer.step() and return true. Errors: scale() never called, or
-  // step() already called on this optimizer since the last update(). Unscale if not done yet; step the
-  // optimizer only if found_inf is 0; record Stage::kStepped; return whether it stepped.
+  // step() already called on this optimizer since the last update(). Unscale if not done yet by calling
+  // unscale_(optimizer) (a subclass may override it, as lesson 5 does); step the optimizer only if the recorded
+  // found_inf is 0; record Stage::kStepped; return whether it stepped.
   (void)optimizer;
   TORCH_CHECK(false, "TODO(lesson1, step 5): GradScaler::step() is not implemented yet");
 }

@@ -90,6 +90,11 @@ class GradScaler {
   /// Step 3. Validates the options (init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1,
   /// growth_interval > 0).
   explicit GradScaler(GradScalerOptions options = {});
+  virtual ~GradScaler() = default;
+  GradScaler(const GradScaler&) = default;
+  GradScaler(GradScaler&&) = default;
+  GradScaler& operator=(const GradScaler&) = default;
+  GradScaler& operator=(GradScaler&&) = default;
 
   /// Step 3. Returns `loss * scale` (the same tensor when disabled). The scale tensor is created on the
   /// loss's device at the first call. `loss` must be a floating-point tensor.
@@ -100,10 +105,11 @@ class GradScaler {
   /// what happened: called before scale() ("before scale"); called again for this optimizer since the last
   /// update() ("already been called"); called after step() ("after step"); float16 gradients ("float16":
   /// the master weights must stay float32); no parameter of the optimizer has a gradient ("no parameter").
-  /// A disabled scaler does nothing.
-  void unscale_(torch::optim::Optimizer& optimizer);
+  /// A disabled scaler does nothing. Virtual, as in PyTorch, where ShardedGradScaler overrides it to agree on
+  /// found_inf across the ranks (lesson 5's ddp::ShardedGradScaler); step() unscales through it.
+  virtual void unscale_(torch::optim::Optimizer& optimizer);
 
-  /// Step 5. Unscales if unscale_() was not called, then runs optimizer.step() unless an inf/NaN was found.
+  /// Step 5. Unscales (by calling unscale_(), which a subclass may override) if unscale_() was not called, then runs optimizer.step() unless an inf/NaN was found.
   /// Returns true if the optimizer stepped. At most once per optimizer between update()s. Errors: called
   /// before scale() ("before scale"); called again for this optimizer since the last update() ("already
   /// been called"); and those of unscale_() when it unscales here (e.g. "no parameter" has a gradient).
@@ -143,6 +149,15 @@ class GradScaler {
   /// `torch::load(scaler, path)` work. Given (built on your state_dict/load_state_dict).
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
+
+ protected:
+  /// The inf/NaN flag unscale_() recorded for `optimizer` ([1] float32, the tensor step() and update() read), or
+  /// an undefined tensor when it has not been unscaled since the last update(). A subclass's unscale_ may change
+  /// it in place (lesson 5 agrees on it across the ranks). Given (not an exercise).
+  at::Tensor recorded_found_inf(const torch::optim::Optimizer& optimizer) const {
+    const auto it = per_optimizer_.find(&optimizer);
+    return it == per_optimizer_.end() ? at::Tensor() : it->second.found_inf;
+  }
 
  private:
   enum class Stage { kReady, kUnscaled, kStepped };

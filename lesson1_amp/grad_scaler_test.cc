@@ -284,6 +284,36 @@ TEST_CASE("[step5] several optimizers on one scaler: each steps on its own unsca
   CHECK(all_equal(b.params(), b_before));
 }
 
+namespace {
+// A scaler whose unscale_ also raises the recorded inf flag, as lesson 5's ShardedGradScaler does when another
+// rank found an inf: step() must unscale through the (virtual) unscale_ and read the flag it recorded.
+class FlagRaisingScaler : public amp::GradScaler {
+ public:
+  using amp::GradScaler::GradScaler;
+  void unscale_(torch::optim::Optimizer& optimizer) override {
+    amp::GradScaler::unscale_(optimizer);
+    recorded_found_inf(optimizer).fill_(1.0);
+  }
+};
+}  // namespace
+
+TEST_CASE("[step5] step() unscales through the virtual unscale_ and skips on the flag a subclass recorded") {
+  for (bool explicit_unscale : {false, true}) {
+    CAPTURE(explicit_unscale);
+    Problem problem;
+    torch::optim::SGD sgd(problem.model->parameters(), 0.1);
+    amp::GradScalerOptions options;
+    options.init_scale = 1024.0;
+    FlagRaisingScaler scaler(options);
+    amp::GradScaler& base = scaler;  // called through the base class, as lesson 5's code does
+    base.scale(problem.loss()).backward();
+    if (explicit_unscale) base.unscale_(sgd);
+    const auto before = problem.params();
+    CHECK_FALSE(base.step(sgd));  // the gradients are finite: only the subclass's flag says skip
+    CHECK(all_equal(problem.params(), before));
+  }
+}
+
 TEST_CASE("[step5] a clean step runs the optimizer on the unscaled gradients") {
   Problem reference, scaled;
   torch::optim::SGD ref_sgd(reference.model->parameters(), 0.1);

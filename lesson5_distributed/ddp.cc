@@ -4,11 +4,14 @@
 #include "lesson5_distributed/ddp.h"
 
 #include <algorithm>
+#include <exception>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <unordered_set>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -29,8 +32,8 @@ at::Tensor shard(const at::Tensor& batch, int rank, int world_size) {
 
 // [average]
 void average_(dist::Comm& comm, const at::Tensor& tensor) {
-  // TODO(lesson5, step 1): Sum `tensor` over the ranks with comm.all_reduce (in place), then divide it by
-  // comm.world_size() (under at::NoGradGuard: it may be a gradient).
+  // TODO(lesson5, step 1): Divide `tensor` by comm.world_size() FIRST (in place, under at::NoGradGuard: it may
+  // be a gradient), then sum it over the ranks with comm.all_reduce (in place): as DDP, divide before the sum.
   TORCH_CHECK(false, "TODO(lesson5, step 1): average_() is not implemented yet");
 }
 // [average]
@@ -44,6 +47,15 @@ void check_same_shapes(dist::Comm& comm, const std::vector<at::Tensor>& params) 
 }
 // [check_same_shapes]
 
+// [sync_module_states]
+void sync_module_states(dist::Comm& comm, const std::vector<at::Tensor>& params,
+                        const std::vector<at::Tensor>& buffers) {
+  // TODO(lesson5, step 1): check_same_shapes over params and buffers together, then (under at::NoGradGuard)
+  // comm.broadcast(t.detach(), 0) every one of them: rank 0's values, in place on every rank.
+  TORCH_CHECK(false, "TODO(lesson5, step 1): sync_module_states() is not implemented yet");
+}
+// [sync_module_states]
+
 // [average_gradients]
 void average_gradients(dist::Comm& comm, const std::vector<at::Tensor>& params) {
   // TODO(lesson5, step 1): For every parameter: TORCH_CHECK that its .grad is defined (else say it "has no
@@ -54,11 +66,14 @@ void average_gradients(dist::Comm& comm, const std::vector<at::Tensor>& params) 
 // [average_gradients]
 
 // [make_buckets]
-std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t bucket_bytes) {
-  // TODO(lesson5, step 2): Reject bucket_bytes <= 0 ("bucket_bytes must be > 0") and no parameters. Walk
-  // the parameters from the LAST to the first; before adding one, close the current bucket if it is not
-  // empty and the parameter would take it past bucket_bytes, or its dtype differs. Record index, numel and
-  // bytes (numel * element_size()). Push the last bucket at the end.
+std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t bucket_bytes,
+                                 int64_t first_bucket_bytes) {
+  // TODO(lesson5, step 2): Reject bucket_bytes <= 0 ("bucket_bytes must be > 0") and no parameters;
+  // first_bucket_bytes <= 0 means bucket_bytes. Walk the parameters from the LAST to the first, adding each
+  // (index, numel, bytes = numel * element_size()) to the open bucket of its dtype (a std::map from dtype to
+  // the open bucket). AFTER adding, close that bucket if its bytes reached its limit: first_bucket_bytes for
+  // the dtype's first bucket, bucket_bytes after. At the end append the buckets still open, in the order of
+  // their first parameter.
   TORCH_CHECK(false, "TODO(lesson5, step 2): make_buckets() is not implemented yet");
 }
 // [make_buckets]
@@ -66,8 +81,9 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t 
 // [average_gradients_bucketed]
 void average_gradients_bucketed(dist::Comm& comm, const std::vector<at::Tensor>& params,
                                 const std::vector<Bucket>& buckets) {
-  // TODO(lesson5, step 2): For every bucket: at::cat the flattened (reshape({-1})) gradients of its
-  // parameters (each must exist: "has no gradient"), average_ the flat buffer (ONE all-reduce per bucket),
+  // TODO(lesson5, step 2): First check_same_shapes(comm, params). Then for every bucket: at::cat the flattened
+  // (reshape({-1})) gradients of its parameters (each must exist: "has no gradient"), average_ the flat
+  // buffer (ONE all-reduce per bucket),
   // and copy each parameter's slice back: grad.copy_(flat.narrow(0, offset, numel).view_as(grad)).
   TORCH_CHECK(false, "TODO(lesson5, step 2): average_gradients_bucketed() is not implemented yet");
 }
@@ -75,9 +91,10 @@ void average_gradients_bucketed(dist::Comm& comm, const std::vector<at::Tensor>&
 
 // [reducer]
 Reducer::Reducer(dist::Comm& comm, std::vector<at::Tensor> params, ReducerOptions options)
-    : comm_(comm), params_(std::move(params)), options_(options) {
-  // TODO(lesson5, step 3): Check every parameter requires grad; check_same_shapes; buckets_ = make_buckets.
-  // For every bucket b and parameter i in it: bucket_of_[i] = b, offset_of_[i] = running offset; one flat
+    : comm_(comm), options_(options) {
+  // TODO(lesson5, step 3): sync_module_states(comm_, params) (all of them). Keep in params_ only those that
+  // require grad, each tensor once (a std::unordered_set of p.unsafeGetTensorImpl()); none left is an error.
+  // buckets_ = make_buckets(params_, both limits of options_). For every bucket b and parameter i in it: bucket_of_[i] = b, offset_of_[i] = running offset; one flat
   // buffer per bucket (at::empty({numel}, first parameter's options without requires_grad)); missing_[b] =
   // its parameter count; ready_ all false; work_.resize(buckets). Then per parameter:
   //   hooks_.push_back(params_[i].register_hook([this, i](const at::Tensor& g) { grad_ready(i, g); }));
@@ -92,25 +109,37 @@ Reducer::~Reducer() {
 
 // [grad_ready]
 void Reducer::grad_ready(size_t index, const at::Tensor& grad) {
-  // TODO(lesson5, step 3): (Step 4 comes back to this line: while sync_ is false, return at once, so that the
-  // gradient accumulates in .grad.) Under at::NoGradGuard copy `grad` (flattened) into this parameter's slot of its
-  // bucket's buffer and add its current .grad when defined (autograd adds `grad` into .grad only after this
-  // hook). Mark it ready; when its bucket has no missing gradient left and options_.overlap, launch, IN
-  // BUCKET ORDER, every consecutive ready bucket from next_to_launch_ with comm_.all_reduce_async(buffer),
-  // counting launched_in_backward_.
+  // TODO(lesson5, step 3): (Step 4 comes back to this line: when this backward does not sync — forward_sync_
+  // == 0, or forward_sync_ < 0 and sync_ false — return at once, so that the gradient accumulates in .grad.)
+  // A parameter already ready means finish() was not called: say so. Under at::NoGradGuard copy `grad` plus
+  // its current .grad when defined (autograd adds `grad` into .grad only after this hook), flattened, into this
+  // parameter's slot of its bucket's buffer, and divide the slot by the world size (before the sum, as DDP).
+  // Mark it ready (and synced_backward_); when its bucket has no missing gradient left and options_.overlap,
+  // launch, IN BUCKET ORDER, every consecutive ready bucket from next_to_launch_ with
+  // comm_.all_reduce_async(buffer), counting launched_in_backward_.
   TORCH_CHECK(false, "TODO(lesson5, step 3): Reducer::grad_ready() is not implemented yet");
 }
 // [grad_ready]
 
 // [finish]
 void Reducer::finish() {
-  // TODO(lesson5, step 3): Every parameter must be ready, else "got no gradient" (unused parameters are
-  // not supported). Launch the buckets not launched yet (in order), then per bucket: wait, divide the buffer
-  // by the world size and copy each slice (view_as the parameter) into .grad. Reset ready_, missing_, work_
-  // and next_to_launch_ for the next backward, also when throwing.
+  // TODO(lesson5, step 3): Reset ready_, missing_, work_, next_to_launch_, forward_sync_ and synced_backward_
+  // for the next backward when leaving, also when throwing. Mark every parameter that is not ready in a float
+  // map (1 per such parameter) and zero its slot; launch the buckets not launched yet (in order); then
+  // comm_.all_reduce the map: the same calls on every rank. Wait for every bucket. Any non-zero entry: throw
+  // on every rank "got no gradient", with the parameter and on how many ranks. Else copy each slice (view_as
+  // the parameter) into .grad.
   TORCH_CHECK(false, "TODO(lesson5, step 3): Reducer::finish() is not implemented yet");
 }
 // [finish]
+
+// [forward]
+at::Tensor Reducer::forward(const std::function<at::Tensor()>& forward_fn) {
+  // TODO(lesson5, step 4): If a synced backward delivered gradients since the last finish(), throw "finish()
+  // was not called". Record forward_sync_ = sync_ (1 or 0): DDP decides no_sync in forward. Return forward_fn().
+  TORCH_CHECK(false, "TODO(lesson5, step 4): Reducer::forward() is not implemented yet");
+}
+// [forward]
 
 // [all_ranks_found_inf]
 bool all_ranks_found_inf(dist::Comm& comm, bool local_found_inf) {
@@ -120,32 +149,37 @@ bool all_ranks_found_inf(dist::Comm& comm, bool local_found_inf) {
 }
 // [all_ranks_found_inf]
 
-// [scaler_step]
-bool scaler_step(dist::Comm& comm, amp::GradScaler& scaler, torch::optim::Optimizer& optimizer) {
-  // TODO(lesson5, step 4): Look for a non-finite value in the gradients of optimizer's parameters
-  // (at::isfinite(g).all()); agree with all_ranks_found_inf. If another rank found one and this rank did
-  // not, write an inf into one of this rank's gradients (they are discarded on a skipped step) so that
-  // lesson 1's scaler skips here too. Return scaler.step(optimizer).
-  TORCH_CHECK(false, "TODO(lesson5, step 4): scaler_step() is not implemented yet");
+// [sharded_scaler]
+ShardedGradScaler::ShardedGradScaler(dist::Comm& comm, amp::GradScalerOptions options)
+    : amp::GradScaler(options), comm_(comm) {}
+
+void ShardedGradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  // TODO(lesson5, step 4): Disabled: return. Run amp::GradScaler::unscale_(optimizer), catching its exception
+  // (std::exception_ptr). All-reduce with kMax a [2] float tensor on comm_.device(): {this rank's
+  // recorded_found_inf(optimizer), 1 if unscale threw}. Rethrow this rank's exception; throw if another rank
+  // failed; else copy element 0 into recorded_found_inf(optimizer) (step() and update() read that one).
+  (void)optimizer;
+  TORCH_CHECK(false, "TODO(lesson5, step 4): ShardedGradScaler::unscale_() is not implemented yet");
 }
-// [scaler_step]
+// [sharded_scaler]
 
 // [train_step]
 bool train_step(Reducer& reducer, torch::optim::Optimizer& optimizer,
                 const std::vector<accum::MicroBatch>& micro_batches, const accum::LossFn& loss_fn,
                 amp::GradScaler* scaler) {
-  // TODO(lesson5, step 4): Reject no micro-batches. Zero the gradients. For each micro-batch: loss_fn(mb)
-  // times count / (this rank's items), scaled by the scaler when given, backward — all but the last inside
-  // a NoSync(reducer) scope (std::optional<NoSync> helps). Then reducer.finish(); without a scaler
-  // optimizer.step() and return true; with one: scaler_step(reducer.comm(), ...), scaler->update().
+  // TODO(lesson5, step 4): Reject no micro-batches. Zero the gradients. For each micro-batch: the loss,
+  // reducer.forward([&] { return loss_fn(mb) * count / (this rank's items); }), scaled by the scaler when
+  // given, backward — all but the last inside a NoSync(reducer) scope (std::optional<NoSync> helps). Then
+  // reducer.finish(); without a scaler optimizer.step() and return true; with one: scaler->step(optimizer),
+  // scaler->update().
   TORCH_CHECK(false, "TODO(lesson5, step 4): train_step() is not implemented yet");
 }
 // [train_step]
 
 // [partition_parameters]
 std::vector<int> partition_parameters(const std::vector<at::Tensor>& params, int world_size) {
-  // TODO(lesson5, step 5): Reject world_size <= 0 and no parameters. Order the indices by bytes, largest
-  // first (std::stable_sort keeps ties in index order); give each to the rank with the fewest bytes so far
+  // TODO(lesson5, step 5): Reject world_size <= 0 and no parameters. Order the indices by numel, largest
+  // first (std::stable_sort keeps ties in index order); give each to the rank with the fewest elements so far
   // (std::min_element finds the first, i.e. lowest, such rank).
   TORCH_CHECK(false, "TODO(lesson5, step 5): partition_parameters() is not implemented yet");
 }
@@ -154,8 +188,8 @@ std::vector<int> partition_parameters(const std::vector<at::Tensor>& params, int
 // [zero]
 ZeroOptimizer::ZeroOptimizer(dist::Comm& comm, std::vector<at::Tensor> params, const OptimizerFactory& factory)
     : comm_(comm), params_(std::move(params)) {
-  // TODO(lesson5, step 5): Reject no parameters; owners_ = partition_parameters; local_ = factory(the
-  // parameters this rank owns).
+  // TODO(lesson5, step 5): Reject no parameters; check_same_shapes; owners_ = partition_parameters; local_ =
+  // factory(the parameters this rank owns, maybe none).
   TORCH_CHECK(false, "TODO(lesson5, step 5): ZeroOptimizer() is not implemented yet");
 }
 
@@ -175,8 +209,10 @@ void ZeroOptimizer::step() {
   TORCH_CHECK(false, "TODO(lesson5, step 5): ZeroOptimizer::step() is not implemented yet");
 }
 
-bool ZeroOptimizer::step(amp::GradScaler& scaler) {
-  // TODO(lesson5, step 5): scaler_step (step 4) on this rank's optimizer; sync_parameters() only when it
+bool ZeroOptimizer::step(ShardedGradScaler& scaler) {
+  // TODO(lesson5, step 5): Throw, before any collective, when scaler.comm() is not comm_ or when any rank
+  // owns no parameters ("owns no parameters": every rank knows owners_, so every rank throws).
+  // scaler.step(*local_) (it unscales and agrees unless already done); sync_parameters() only when it
   // stepped (every rank agrees, so the broadcasts match up). Return whether it stepped.
   TORCH_CHECK(false, "TODO(lesson5, step 5): ZeroOptimizer::step(scaler) is not implemented yet");
 }

@@ -10,17 +10,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
+#include "lesson1_amp/grad_scaler.h"
 #include "lesson2_accumulation/accumulation.h"
 #include "lesson5_distributed/comm.h"
 
-namespace amp {
-class GradScaler;
-}  // namespace amp
 namespace torch {
 namespace optim {
 class Optimizer;
@@ -36,7 +35,9 @@ namespace ddp {
 /// item count is not a multiple of world_size (unequal shards would weigh items differently).
 at::Tensor shard(const at::Tensor& batch, int rank, int world_size);
 
-/// Step 1. Replaces `tensor` on every rank by the mean of all ranks' tensors (sum all-reduce, then / N).
+/// Step 1. Replaces `tensor` on every rank by the mean of all ranks' tensors: divides by N FIRST, then a sum
+/// all-reduce, as DDP scales each gradient by 1/N when it copies it into its bucket (a 16-bit sum of N
+/// gradients can overflow where the sum of the N already-divided ones does not).
 void average_(dist::Comm& comm, const at::Tensor& tensor);
 
 /// Step 1. Checks that every rank has the same parameters (count, shapes, dtypes) before any gradient is
@@ -44,6 +45,12 @@ void average_(dist::Comm& comm, const at::Tensor& tensor);
 /// across ranks" (naming this rank's and the first differing rank's description) instead of hanging in a
 /// collective whose sizes do not match. Uses fixed-size collectives only.
 void check_same_shapes(dist::Comm& comm, const std::vector<at::Tensor>& params);
+
+/// Step 1. DDP's construction-time sync (_sync_module_states): check_same_shapes over the parameters and the
+/// buffers, then every parameter and every buffer is broadcast from rank 0 (one broadcast per tensor), so that
+/// every replica starts from rank 0's values whatever seed each rank used. Frozen parameters are sent too.
+void sync_module_states(dist::Comm& comm, const std::vector<at::Tensor>& params,
+                        const std::vector<at::Tensor>& buffers = {});
 
 /// Step 1. The baseline: after backward, averages every parameter's gradient across the ranks with ONE
 /// all-reduce PER PARAMETER (calls = number of parameters). Errors: "has no gradient" for a parameter whose
@@ -59,59 +66,80 @@ struct Bucket {
   int64_t bytes = 0;           ///< numel * element size
 };
 
-/// Step 2. Groups parameters into buckets of at most `bucket_bytes` bytes each. Walks the parameters in
-/// REVERSE order (backward produces the last layer's gradients first) and adds each to the current bucket;
-/// when a parameter would push the bucket past the budget, or its dtype differs, the bucket is closed first
-/// and a new one started. A parameter larger than the budget gets a bucket of its own. Every parameter is in
+/// Step 2. Groups parameters into buckets by DDP's rule (reducer.cpp, compute_bucket_assignment_by_size, as
+/// rebuild_buckets calls it with the gradient-ready order): walks the parameters in REVERSE order (the order
+/// backward produces a sequential model's gradients) and adds each to the open bucket of ITS dtype (one
+/// accumulator per dtype); a bucket closes once its bytes reach its limit (so it may pass the limit by its last
+/// parameter). Each dtype's first bucket has the limit `first_bucket_bytes` (DDP: 1 MiB), every later one
+/// `bucket_bytes` (DDP: 25 MiB); first_bucket_bytes <= 0 means bucket_bytes for all. Closed buckets come in the
+/// order they closed, then the ones still open, in the order of their first parameter. Every parameter is in
 /// exactly one bucket. Errors: "bucket_bytes must be > 0", no parameters.
-std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t bucket_bytes);
+std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t bucket_bytes,
+                                 int64_t first_bucket_bytes = 0);
 
-/// Step 2. After backward, averages the gradients bucket by bucket: flatten each bucket's gradients into one
-/// contiguous buffer, one all-reduce per bucket, divide by N, copy the averages back into every .grad.
-/// Calls = buckets.size(); bytes = all gradients' bytes, the same as average_gradients. Errors: "has no
-/// gradient", a bucket that names a parameter index out of range.
+/// Step 2. After backward, averages the gradients bucket by bucket: check_same_shapes first (one all-gather of
+/// 24 bytes: a model that differs across ranks gives the shape error on every rank, not mismatched buckets),
+/// then flatten each bucket's gradients into one contiguous buffer, average_ it (one all-reduce per bucket) and
+/// copy the averages back into every .grad. All-reduce calls = buckets.size(); bytes = all gradients' bytes, the
+/// same as average_gradients. Errors: "has no gradient", a bucket that names a parameter index out of range.
 void average_gradients_bucketed(dist::Comm& comm, const std::vector<at::Tensor>& params,
                                 const std::vector<Bucket>& buckets);
 
 // ---- Steps 3 and 4: overlap with backward, no_sync ---------------------------------------------------------
 
 struct ReducerOptions {
-  int64_t bucket_bytes = 1 << 20;  ///< the byte budget of make_buckets
-  bool overlap = true;             ///< launch each bucket as soon as it is ready (false: all in finish())
+  int64_t bucket_bytes = 25 << 20;       ///< make_buckets' limit of every bucket but the first (DDP's bucket_cap_mb)
+  int64_t first_bucket_bytes = 1 << 20;  ///< make_buckets' limit of the first bucket (DDP's first_bucket_bytes)
+  bool overlap = true;                   ///< launch each bucket as soon as it is ready (false: all in finish())
 };
 
 /// Averages gradients across the ranks during backward, like PyTorch's DistributedDataParallel. Made once
-/// per model (it checks the shapes across ranks, makes the buckets and hooks every parameter); then per
-/// iteration: backward(), finish(), optimizer step. Not copyable: the hooks point at it.
+/// per model (it syncs the replicas from rank 0, makes the buckets and hooks every parameter); then per
+/// iteration: forward (through forward(), which decides no_sync, or directly), backward(), finish(), optimizer
+/// step. Not copyable: the hooks point at it.
 class Reducer {
  public:
-  /// Step 3. Checks shapes across ranks (check_same_shapes), makes the buckets (make_buckets) and one flat
-  /// buffer per bucket, and registers a gradient hook on every parameter that calls grad_ready(i, grad).
-  /// Errors: a parameter that does not require grad.
+  /// Step 3. sync_module_states(comm, params) (shapes checked, every parameter broadcast from rank 0, as DDP's
+  /// constructor does); then, like DDP, keeps only the parameters that require grad, each once (a tensor listed
+  /// twice, e.g. tied weights, is reduced once); makes the buckets (make_buckets with both limits) and one flat
+  /// buffer per bucket, and registers a gradient hook on every kept parameter that calls grad_ready(i, grad).
+  /// Errors: no parameter requires grad.
   Reducer(dist::Comm& comm, std::vector<at::Tensor> params, ReducerOptions options = {});
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  /// Step 3. Called by the hook of parameter `index` with the gradient autograd just computed for it (before
-  /// it is added into .grad). Copies .grad + grad (or grad, when .grad is undefined) into the parameter's
-  /// slot of its bucket's buffer; when that was the bucket's last missing gradient and `overlap` is on,
-  /// launches the all-reduce of every ready bucket in bucket order (all ranks must launch the same buckets
-  /// in the same order). Step 4: does nothing while sync() is false (the gradient simply accumulates).
+  /// Step 3. Called by the hook of parameter `index` (of params()) with the gradient autograd just computed for
+  /// it (before it is added into .grad). Copies (.grad + grad) / N (or grad / N, when .grad is undefined) into
+  /// the parameter's slot of its bucket's buffer: divided BEFORE the sum, as DDP does; when that was the
+  /// bucket's last missing gradient and `overlap` is on, launches the all-reduce of every ready bucket in bucket
+  /// order (all ranks must launch the same buckets in the same order). Errors: a second gradient for a parameter
+  /// before finish() ("finish() was not called"). Step 4: does nothing when this backward does not sync (the
+  /// gradient simply accumulates in .grad).
   void grad_ready(size_t index, const at::Tensor& grad);
 
-  /// Step 3. After backward: launches the buckets not launched yet, waits for all, divides by N and copies
-  /// each average into its parameters' .grad, then resets for the next backward. Errors: "got no gradient"
-  /// for a parameter that had no gradient in this backward (unused parameters are not supported).
+  /// Step 3. After backward: launches the buckets not launched yet (a parameter that got no gradient
+  /// contributes zeros, so that every rank makes the same calls), then one all-reduce of the "no gradient" map
+  /// (one float per parameter, DDP's local_used_map), waits for all and copies each average into its
+  /// parameters' .grad; resets for the next backward. Errors, on EVERY rank when any rank lacks a gradient:
+  /// "got no gradient" naming the parameter and on how many ranks (unused parameters are not supported).
   void finish();
 
-  /// Step 4. sync() false: backward passes only accumulate locally (no communication, as DDP's no_sync);
-  /// set it back to true for the last micro-batch of the window, whose backward then carries the whole
-  /// window's sum. Default true.
+  /// Step 4. Runs `forward_fn` (the model's forward) and records whether the backward of its output
+  /// communicates: sync() as it is NOW, as DDP's forward reads require_backward_grad_sync (leaving NoSync
+  /// between this forward and its backward changes nothing). Without forward(), each gradient's hook reads
+  /// sync() as it is then; once you use forward(), use it for every micro-batch. Errors: "finish() was not
+  /// called" after the previous synced backward.
+  at::Tensor forward(const std::function<at::Tensor()>& forward_fn);
+
+  /// Step 4. sync() false: the backward of a forward run now only accumulates locally (no communication, as
+  /// DDP's no_sync); set it back to true for the last micro-batch of the window, whose backward then carries
+  /// the whole window's sum. Default true.
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  /// The parameters it reduces: those that require grad, each once, in the order given.
   const std::vector<at::Tensor>& params() const { return params_; }
   dist::Comm& comm() { return comm_; }
   /// Buckets whose all-reduce started inside a backward pass (before finish()) since construction.
@@ -131,10 +159,13 @@ class Reducer {
   size_t next_to_launch_ = 0;             ///< buckets launch in order: 0, 1, 2, ...
   std::vector<unsigned> hooks_;           ///< hook handles, removed by the destructor
   bool sync_ = true;
+  int forward_sync_ = -1;                 ///< sync() as the last forward() saw it (-1: no forward() since finish)
+  bool synced_backward_ = false;          ///< a synced backward has delivered gradients since the last finish()
   int64_t launched_in_backward_ = 0;
 };
 
-/// Step 4. Turns the reducer's sync off for its lifetime (the micro-batches of a window but the last).
+/// Step 4. Turns the reducer's sync off for its lifetime (the micro-batches of a window but the last). As in
+/// DDP, what counts is whether the FORWARD ran inside it (Reducer::forward).
 class NoSync {
  public:
   explicit NoSync(Reducer& reducer) : reducer_(reducer), previous_(reducer.sync()) { reducer_.set_sync(false); }
@@ -150,26 +181,41 @@ class NoSync {
 /// Step 4. True on every rank when any rank passes true (an all-reduce MAX of one number).
 bool all_ranks_found_inf(dist::Comm& comm, bool local_found_inf);
 
-/// Step 4. lesson 1's scaler step, agreed across the ranks: looks for inf/NaN in the gradients of
-/// `optimizer`'s parameters on this rank, agrees with all_ranks_found_inf, and, when any rank found one, makes
-/// sure this rank's scaler skips too (so every rank skips the same steps and the scales stay equal). Then
-/// scaler.step(optimizer). Returns whether the optimizer stepped. The caller calls scaler.update().
-bool scaler_step(dist::Comm& comm, amp::GradScaler& scaler, torch::optim::Optimizer& optimizer);
+/// Step 4. Lesson 1's scaler whose unscale_ agrees on found_inf across the ranks, as PyTorch's
+/// ShardedGradScaler (torch/distributed/fsdp/sharded_grad_scaler.py): after the local unscale, the recorded
+/// found_inf is all-reduced (MAX here; PyTorch sums, which is non-zero under the same condition), so step(),
+/// also after an explicit unscale_ (to clip), skips on every rank when any rank found an inf/NaN, and update()
+/// backs the scale off on every rank. One all-reduce of 8 bytes per unscale_: {found_inf, failed}, so that
+/// when the local unscale throws on one rank (e.g. its optimizer has no gradient), every rank throws instead
+/// of waiting for it. Needed wherever a rank unscales only part of the gradients (ZeroOptimizer); with a
+/// Reducer's full all-reduce an inf reaches every rank anyway and lesson 1's scaler is enough.
+class ShardedGradScaler : public amp::GradScaler {
+ public:
+  ShardedGradScaler(dist::Comm& comm, amp::GradScalerOptions options = {});
+  /// Step 4. amp::GradScaler::unscale_, then the agreement.
+  void unscale_(torch::optim::Optimizer& optimizer) override;
+  dist::Comm& comm() { return comm_; }
+
+ private:
+  dist::Comm& comm_;
+};
 
 /// Step 4. One optimizer step of data-parallel training over THIS rank's micro-batches (its shard of the
-/// batch, split as in lesson 2): zero the gradients; backward on every micro-batch with loss weight
-/// items / (this rank's items), all but the last under NoSync; finish(); then, with a scaler, every loss is
-/// scaled and scaler_step() decides, else optimizer.step(). Calls scaler.update() when given. Returns whether
-/// the optimizer stepped. Errors: no micro-batches. Every rank must have the same number of items.
+/// batch, split as in lesson 2): zero the gradients; forward (through reducer.forward) and backward on every
+/// micro-batch with loss weight items / (this rank's items), all but the last under NoSync; finish(); then,
+/// with a scaler, every loss is scaled and scaler->step(optimizer) decides, else optimizer.step(). Calls
+/// scaler->update() when given. Returns whether the optimizer stepped. Errors: no micro-batches. Every rank must
+/// have the same number of items.
 bool train_step(Reducer& reducer, torch::optim::Optimizer& optimizer,
                 const std::vector<accum::MicroBatch>& micro_batches, const accum::LossFn& loss_fn,
                 amp::GradScaler* scaler = nullptr);
 
 // ---- Step 5: sharded optimizer state (ZeRO stage 1) --------------------------------------------------------
 
-/// Step 5. Which rank owns each parameter's optimizer state: parameters by size, largest first (ties: lower
-/// index first), each to the rank that owns the fewest bytes so far (ties: lower rank). Returns owner[i].
-/// Errors: world_size <= 0, no parameters.
+/// Step 5. Which rank owns each parameter's optimizer state, as ZeroRedundancyOptimizer's greedy partition:
+/// parameters by numel, largest first (ties: lower index first), each to the rank that owns the fewest ELEMENTS
+/// so far (ties: lower rank; PyTorch counts elements, not bytes). Returns owner[i]. A rank may own nothing when
+/// there are fewer parameters than ranks. Errors: world_size <= 0, no parameters.
 std::vector<int> partition_parameters(const std::vector<at::Tensor>& params, int world_size);
 
 /// Makes the real optimizer for a subset of the parameters (e.g. torch::optim::Adam over them).
@@ -180,8 +226,9 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 /// parameter is broadcast from its owner, so all ranks end with the same, fully updated, parameters.
 class ZeroOptimizer {
  public:
-  /// Step 5. Partitions the parameters and makes this rank's optimizer over its own ones with `factory`.
-  /// Errors: no parameters.
+  /// Step 5. check_same_shapes (a model that differs across ranks gives the shape error on every rank, not
+  /// mismatched broadcasts), partitions the parameters and makes this rank's optimizer over its own ones with
+  /// `factory` (over an empty list on a rank that owns nothing). Errors: no parameters.
   ZeroOptimizer(dist::Comm& comm, std::vector<at::Tensor> params, const OptimizerFactory& factory);
   ~ZeroOptimizer();
 
@@ -191,9 +238,12 @@ class ZeroOptimizer {
   void step_local();
   /// Step 5. Broadcasts every parameter from its owner (one broadcast per parameter).
   void sync_parameters();
-  /// Step 5. With lesson 1's scaler: scaler_step (step 4) on this rank's optimizer, then sync_parameters().
-  /// Returns whether the step ran. The caller calls scaler.update().
-  bool step(amp::GradScaler& scaler);
+  /// Step 5. With the ShardedGradScaler (step 4): scaler.step(this rank's optimizer), which unscales (and
+  /// agrees) unless the caller already called scaler.unscale_(local_optimizer()); sync_parameters() when it
+  /// stepped (every rank agrees, so the broadcasts match). Returns whether the step ran. The caller calls
+  /// scaler.update(). Errors, on every rank before any collective: a rank that owns no parameter ("owns no
+  /// parameters": its scaler would have no gradient to unscale); a scaler on another communicator.
+  bool step(ShardedGradScaler& scaler);
   /// Step 5. Sets every gradient to none (all parameters, not only the owned ones).
   void zero_grad();
 

@@ -210,25 +210,95 @@ TEST_CASE("[step1] a rank that stops early makes the others fail with a clear ti
   CHECK(leftover_store_folders() == 0);  // the store's folder is gone
 }
 
+TEST_CASE("[step1] average_ divides before the sum: float16 values whose sum overflows average to a finite mean") {
+  std::vector<torch::Tensor> results(2);
+  dist::run_ranks(launch(2), [&](dist::Comm& comm) {
+    torch::Tensor t = torch::full({4}, 40000.0, torch::kHalf);  // 40000 + 40000 > 65504, float16's largest
+    ddp::average_(comm, t);
+    results[comm.rank()] = t;
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    INFO(results[r]);
+    CHECK(torch::equal(results[r], torch::full({4}, 40000.0, torch::kHalf)));  // summed first, it would be inf
+  }
+}
+
+TEST_CASE("[step1] sync_module_states gives every rank rank 0's parameters and buffers, whatever its seed") {
+  const int n = 3;
+  std::vector<torch::nn::Sequential> models;
+  std::vector<torch::Tensor> buffers;
+  for (int r = 0; r < n; ++r) {
+    models.push_back(make_model(100 + r));  // a different seed on every rank
+    buffers.push_back(torch::full({2}, static_cast<float>(r)));
+  }
+  const auto rank0 = snapshot(models[0]->parameters());
+  REQUIRE(rel_error(snapshot(models[1]->parameters()), rank0) > 0);
+  std::vector<dist::CommStats> stats(n);
+  dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+    ddp::sync_module_states(comm, models[comm.rank()]->parameters(), {buffers[comm.rank()]});
+    stats[comm.rank()] = comm.stats();
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(rel_error(snapshot(models[r]->parameters()), rank0) == 0);
+    CHECK(torch::equal(buffers[r], torch::zeros({2})));
+    CHECK(stats[r].all_gather_calls == 1);  // the shape check, before anything is sent
+    CHECK(stats[r].broadcast_calls == 7);   // 6 parameters + 1 buffer
+    CHECK(stats[r].broadcast_bytes == kModelBytes + 8);
+  }
+  // A buffer that differs in shape on one rank: the shape error on every rank, before any broadcast.
+  auto same = replicas(2);
+  const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+    ddp::sync_module_states(comm, same[comm.rank()]->parameters(), {torch::zeros({2 + comm.rank()})});
+  });
+  for (const auto& outcome : outcomes) {
+    INFO(outcome.error);
+    CHECK_FALSE(outcome.ok);
+    CHECK(outcome.error.find("parameter shapes differ across ranks") != std::string::npos);
+  }
+}
+
 // ---- step 2 -------------------------------------------------------------------------------------------------
 
-TEST_CASE("[step2] make_buckets fills buckets in reverse parameter order under the byte budget") {
+TEST_CASE("[step2] make_buckets follows DDP: reverse order, a small first bucket, closed once the limit is reached") {
   // float32 parameters of 400, 40, 400, 40, 400, 40 bytes.
   std::vector<torch::Tensor> params;
   for (int i = 0; i < 6; ++i) params.push_back(torch::zeros({i % 2 == 0 ? 100 : 10}));
-  const auto three = ddp::make_buckets(params, 500);
+  // First limit 40, then 500: {5} reaches 40 at once; {4, 3, 2} closes at 840 (past 500: it closes only once
+  // reached, with the parameter that reached it); {1, 0} is still open at the end.
+  const auto three = ddp::make_buckets(params, 500, 40);
   REQUIRE(three.size() == 3);
-  CHECK(three[0].params == std::vector<size_t>{5, 4, 3});
-  CHECK(three[0].bytes == 480);
-  CHECK(three[1].params == std::vector<size_t>{2, 1});
-  CHECK(three[2].params == std::vector<size_t>{0});
-  CHECK(three[2].numel == 100);
-  CHECK(ddp::make_buckets(params, 100).size() == 6);      // a parameter over the budget sits alone
+  CHECK(three[0].params == std::vector<size_t>{5});
+  CHECK(three[1].params == std::vector<size_t>{4, 3, 2});
+  CHECK(three[1].bytes == 840);
+  CHECK(three[2].params == std::vector<size_t>{1, 0});
+  CHECK(three[2].numel == 110);
+  CHECK(ddp::make_buckets(params, 500).size() == 2);      // no first limit: {5, 4, 3, 2} (880 B), {1, 0}
+  CHECK(ddp::make_buckets(params, 40).size() == 6);       // every parameter reaches 40 B alone
   CHECK(ddp::make_buckets(params, 1 << 20).size() == 1);  // everything in one message
-  params[3] = torch::zeros({10}, torch::kDouble);         // a dtype change closes the bucket
-  CHECK(ddp::make_buckets(params, 1 << 20).size() == 3);
+  // One accumulator per dtype: a float64 parameter opens its own bucket (with its own first limit) and does not
+  // close the float32 one, which goes on collecting 4, 2, 1, 0.
+  params[3] = torch::zeros({10}, torch::kDouble);
+  const auto mixed = ddp::make_buckets(params, 1 << 20, 40);
+  REQUIRE(mixed.size() == 3);
+  CHECK(mixed[0].params == std::vector<size_t>{5});
+  CHECK(mixed[1].params == std::vector<size_t>{3});
+  CHECK(mixed[2].params == std::vector<size_t>{4, 2, 1, 0});
   CHECK_THROWS_WITH_AS(ddp::make_buckets(params, 0), Contains("bucket_bytes must be > 0"), c10::Error);
   CHECK_THROWS_AS(ddp::make_buckets({}, 100), c10::Error);
+}
+
+TEST_CASE("[step2] DDP's default limits: 1 MiB for the first bucket, 25 MiB for the others") {
+  const ddp::ReducerOptions defaults;
+  CHECK(defaults.first_bucket_bytes == 1 << 20);
+  CHECK(defaults.bucket_bytes == 25 << 20);
+  // 40 float32 parameters of 256 KiB: 4 reach the first 1 MiB bucket, the other 36 (9 MiB) stay in one.
+  const std::vector<torch::Tensor> params(40, torch::zeros({64 << 10}));
+  const auto buckets = ddp::make_buckets(params, defaults.bucket_bytes, defaults.first_bucket_bytes);
+  REQUIRE(buckets.size() == 2);
+  CHECK(buckets[0].bytes == 1 << 20);
+  CHECK(buckets[1].bytes == 36 * (256 << 10));
 }
 
 TEST_CASE("[step2] bucketed averaging makes one all-reduce per bucket, sends the same bytes, equals the full batch") {
@@ -242,8 +312,8 @@ TEST_CASE("[step2] bucketed averaging makes one all-reduce per bucket, sends the
     dist::run_ranks(launch(n), [&](dist::Comm& comm) {
       auto& model = models[comm.rank()];
       const auto params = model->parameters();
-      // 1100 bytes: {b3, W3, b2} = 336 B, {W2, b1} = 1088 B, {W1} = 512 B.
-      const std::vector<ddp::Bucket> plan = ddp::make_buckets(params, 1100);
+      // First limit 300, then 1000: {b3, W3, b2} = 336 B, {W2} = 1024 B, {b1, W1} = 576 B.
+      const std::vector<ddp::Bucket> plan = ddp::make_buckets(params, 1000, 300);
       buckets[comm.rank()] = plan.size();
       torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.1));
       sgd.zero_grad();
@@ -262,7 +332,7 @@ TEST_CASE("[step2] bucketed averaging makes one all-reduce per bucket, sends the
       CHECK(stats[r].all_reduce_calls == 3);  // calls = buckets, not parameters (6)
       CHECK(stats[r].all_reduce_bytes == kModelBytes);
       if (r == 0) {
-        MESSAGE("N = " << n << ": 3 buckets of <= 1100 B, " << stats[r].all_reduce_bytes
+        MESSAGE("N = " << n << ": 3 buckets (limits 300 B, then 1000 B), " << stats[r].all_reduce_bytes
                        << " B per step handed to all-reduce, ring napkin "
                        << dist::ring_allreduce_wire_bytes(static_cast<double>(kModelBytes), n)
                        << " B sent per rank; rel diff " << rel);
@@ -275,12 +345,31 @@ TEST_CASE("[step2] bucketed averaging rejects a parameter without a gradient") {
   auto models = replicas(2);
   const auto outcomes = dist::run_ranks_collect(launch(2), [&](dist::Comm& comm) {
     const auto params = models[comm.rank()]->parameters();
-    ddp::average_gradients_bucketed(comm, params, ddp::make_buckets(params, 1100));
+    ddp::average_gradients_bucketed(comm, params, ddp::make_buckets(params, 1000, 300));
   });
   for (const auto& outcome : outcomes) {
     INFO(outcome.error);
     CHECK_FALSE(outcome.ok);
     CHECK(outcome.error.find("has no gradient") != std::string::npos);
+  }
+}
+
+TEST_CASE("[step2] bucketed averaging of models that differ gives the shape error on every rank, not a timeout") {
+  std::vector<torch::nn::Sequential> models = replicas(2);
+  torch::manual_seed(1);
+  models[1] = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 5));
+  const Data data(4);
+  const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+    auto& model = models[comm.rank()];
+    const auto params = model->parameters();
+    model->forward(data.x).pow(2).mean().backward();
+    ddp::average_gradients_bucketed(comm, params, ddp::make_buckets(params, 1000, 300));
+  });
+  for (const auto& outcome : outcomes) {
+    INFO(outcome.error);
+    CHECK_FALSE(outcome.ok);
+    CHECK(outcome.error.find("parameter shapes differ across ranks") != std::string::npos);
+    CHECK(outcome.error.find("timed out") == std::string::npos);
   }
 }
 
@@ -300,7 +389,8 @@ TEST_CASE("[step3] with overlap, the first bucket's all-reduce starts before bac
         calls_when_first_layer_ready[r] = comm.stats().all_reduce_calls;
       });
       ddp::ReducerOptions options;
-      options.bucket_bytes = 1100;
+      options.bucket_bytes = 1000;
+      options.first_bucket_bytes = 300;
       options.overlap = overlap;
       ddp::Reducer reducer(comm, params, options);
       comm.reset_stats();
@@ -313,7 +403,7 @@ TEST_CASE("[step3] with overlap, the first bucket's all-reduce starts before bac
     });
     for (int r = 0; r < 2; ++r) {
       CAPTURE(r);
-      CHECK(calls[r] == 3);
+      CHECK(calls[r] == 4);  // 3 buckets + the "no gradient" map
       if (overlap) {
         CHECK(calls_when_first_layer_ready[r] >= 1);  // launched while backward was still running
         CHECK(in_backward[r] == 3);
@@ -337,7 +427,8 @@ TEST_CASE("[step3] the reducer's averaged gradients give the full-batch steps (N
       dist::run_ranks(launch(n), [&](dist::Comm& comm) {
         auto& model = models[comm.rank()];
         ddp::ReducerOptions options;
-        options.bucket_bytes = 1100;
+        options.bucket_bytes = 1000;
+        options.first_bucket_bytes = 300;
         options.overlap = overlap;
         ddp::Reducer reducer(comm, model->parameters(), options);
         torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
@@ -356,7 +447,7 @@ TEST_CASE("[step3] the reducer's averaged gradients give the full-batch steps (N
         const double rel = rel_error(snapshot(models[r]->parameters()), reference);
         CAPTURE(rel);
         CHECK(rel <= 1e-6);
-        CHECK(calls[r] == 9);  // 3 buckets x 3 steps
+        CHECK(calls[r] == 12);  // (3 buckets + the "no gradient" map) x 3 steps
       }
     }
   }
@@ -381,6 +472,157 @@ TEST_CASE("[step3] a parameter that gets no gradient in a backward gives a clear
   }
 }
 
+TEST_CASE("[step3] constructing the reducer gives every rank rank 0's parameters, as DDP's constructor does") {
+  const int n = 3;
+  std::vector<torch::nn::Sequential> models;
+  for (int r = 0; r < n; ++r) models.push_back(make_model(100 + r));  // a different seed on every rank
+  const auto rank0 = snapshot(models[0]->parameters());
+  REQUIRE(rel_error(snapshot(models[2]->parameters()), rank0) > 0);
+  dist::run_ranks(launch(n), [&](dist::Comm& comm) { ddp::Reducer reducer(comm, models[comm.rank()]->parameters()); });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(rel_error(snapshot(models[r]->parameters()), rank0) == 0);
+  }
+}
+
+TEST_CASE("[step3] frozen parameters are skipped and a tensor listed twice is reduced once (fine-tuning works)") {
+  const Data data(16);
+  auto freeze = [](torch::nn::Sequential& model) {
+    const auto params = model->parameters();
+    params[0].requires_grad_(false);  // the first layer is frozen
+    params[1].requires_grad_(false);
+  };
+  auto reference_model = make_model();
+  freeze(reference_model);
+  {
+    torch::optim::SGD sgd(reference_model->parameters(), torch::optim::SGDOptions(0.1));
+    torch::mse_loss(reference_model->forward(data.x), data.y).backward();
+    sgd.step();
+  }
+  const auto reference = snapshot(reference_model->parameters());
+  const int n = 2;
+  auto models = replicas(n);
+  std::vector<size_t> kept(n);
+  std::vector<int64_t> bucket_bytes(n), reduced_bytes(n);
+  dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+    auto& model = models[comm.rank()];
+    freeze(model);
+    std::vector<torch::Tensor> params = model->parameters();
+    params.push_back(params[4]);  // the last layer's weight twice, as tied weights would list it
+    ddp::Reducer reducer(comm, params);
+    kept[comm.rank()] = reducer.params().size();
+    for (const auto& bucket : reducer.buckets()) bucket_bytes[comm.rank()] += bucket.bytes;
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    comm.reset_stats();
+    torch::mse_loss(model->forward(ddp::shard(data.x, comm.rank(), n)), ddp::shard(data.y, comm.rank(), n)).backward();
+    reducer.finish();
+    sgd.step();
+    reduced_bytes[comm.rank()] = comm.stats().all_reduce_bytes;
+  });
+  const int64_t trainable = kModelBytes - (16 * 8 + 16) * 4;  // 1360 B: the first layer is frozen
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(kept[r] == 4);  // W2, b2, W3, b3: the frozen two skipped, W3 once
+    CHECK(bucket_bytes[r] == trainable);
+    CHECK(reduced_bytes[r] == trainable + 4 * 4);  // the gradients once, plus the 4-entry "no gradient" map
+    const double rel = rel_error(snapshot(models[r]->parameters()), reference);
+    CAPTURE(rel);
+    CHECK(rel <= 1e-6);
+    CHECK_FALSE(models[r]->parameters()[0].grad().defined());
+  }
+}
+
+TEST_CASE("[step3] a parameter unused on one rank only gives the error on every rank, not a timeout") {
+  auto models = replicas(2);
+  std::vector<torch::Tensor> extra;
+  for (int r = 0; r < 2; ++r) extra.push_back(torch::zeros({3}, torch::requires_grad()));
+  const Data data(8);
+  const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    auto params = models[r]->parameters();
+    params.push_back(extra[r]);
+    ddp::Reducer reducer(comm, params);
+    torch::Tensor loss = torch::mse_loss(models[r]->forward(ddp::shard(data.x, r, 2)), ddp::shard(data.y, r, 2));
+    if (r == 0) loss = loss + extra[r].sum() * 0;  // rank 0 uses it, rank 1 does not
+    loss.backward();
+    reducer.finish();
+  });
+  for (const auto& outcome : outcomes) {
+    INFO(outcome.error);
+    CHECK_FALSE(outcome.ok);
+    CHECK(outcome.error.find("parameter 6 got no gradient") != std::string::npos);
+    CHECK(outcome.error.find("on 1 of 2 ranks") != std::string::npos);
+    CHECK(outcome.error.find("timed out") == std::string::npos);
+  }
+}
+
+TEST_CASE("[step3] the reducer divides before the sum: float16 gradients whose sum overflows average to a finite mean") {
+  std::vector<torch::Tensor> grads(2);
+  dist::run_ranks(launch(2), [&](dist::Comm& comm) {
+    torch::Tensor p = torch::zeros({4}, torch::kHalf).requires_grad_();
+    ddp::Reducer reducer(comm, {p});
+    (p * torch::full({4}, 40000.0, torch::kHalf)).sum().backward();  // the gradient: 40000 on both ranks
+    reducer.finish();
+    grads[comm.rank()] = p.grad().clone();
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    INFO(grads[r]);
+    CHECK(torch::equal(grads[r], torch::full({4}, 40000.0, torch::kHalf)));  // summed first: 80000, inf
+  }
+}
+
+TEST_CASE("[step3] a forgotten finish() gives a clear error on every rank") {
+  auto models = replicas(2);
+  const Data data(8);
+  const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    ddp::Reducer reducer(comm, models[r]->parameters());
+    for (int step = 0; step < 2; ++step) {  // no finish() after the first backward
+      torch::mse_loss(models[r]->forward(ddp::shard(data.x, r, 2)), ddp::shard(data.y, r, 2)).backward();
+    }
+    reducer.finish();
+  });
+  for (const auto& outcome : outcomes) {
+    INFO(outcome.error);
+    CHECK_FALSE(outcome.ok);
+    CHECK(outcome.error.find("finish() was not called") != std::string::npos);
+  }
+}
+
+TEST_CASE("[step3] the lesson's buckets are the ones DDP rebuilds from the order gradients arrived in") {
+  // DDP records the order its hooks fire in during the first backward and rebuilds its buckets in that order
+  // (rebuild_buckets). make_buckets assumes reverse parameter order; for this model it is exactly that order.
+  auto models = replicas(1);
+  const Data data(4);
+  std::vector<size_t> order;
+  std::vector<ddp::Bucket> buckets;
+  dist::run_ranks(launch(1), [&](dist::Comm& comm) {
+    const auto params = models[0]->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].register_hook([&order, i](const torch::Tensor&) { order.push_back(i); });
+    ddp::ReducerOptions options;
+    options.bucket_bytes = 1000;
+    options.first_bucket_bytes = 300;
+    ddp::Reducer reducer(comm, params, options);
+    torch::mse_loss(models[0]->forward(data.x), data.y).backward();
+    reducer.finish();
+    buckets = reducer.buckets();
+  });
+  CHECK(order == std::vector<size_t>{5, 4, 3, 2, 1, 0});
+  // DDP's rebuild walks the ready order; make_buckets walks its list backwards: give it the ready order reversed.
+  const auto params = models[0]->parameters();
+  std::vector<torch::Tensor> reversed_ready;
+  for (size_t k = order.size(); k-- > 0;) reversed_ready.push_back(params[order[k]]);
+  const auto rebuilt = ddp::make_buckets(reversed_ready, 1000, 300);
+  REQUIRE(rebuilt.size() == buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    std::vector<size_t> mapped;
+    for (size_t j : rebuilt[b].params) mapped.push_back(order[order.size() - 1 - j]);
+    CAPTURE(b);
+    CHECK(mapped == buckets[b].params);
+  }
+}
+
 // ---- step 4 -------------------------------------------------------------------------------------------------
 
 TEST_CASE("[step4] no_sync: one all-reduce per bucket per window, and the accumulated step equals the full batch") {
@@ -393,7 +635,8 @@ TEST_CASE("[step4] no_sync: one all-reduce per bucket per window, and the accumu
     dist::run_ranks(launch(n), [&](dist::Comm& comm) {
       auto& model = models[comm.rank()];
       ddp::ReducerOptions options;
-      options.bucket_bytes = 1100;
+      options.bucket_bytes = 1000;
+      options.first_bucket_bytes = 300;
       ddp::Reducer reducer(comm, model->parameters(), options);
       torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
       const auto micro = accum::split_batch(ddp::shard(data.x, comm.rank(), n), ddp::shard(data.y, comm.rank(), n), 2);
@@ -409,7 +652,7 @@ TEST_CASE("[step4] no_sync: one all-reduce per bucket per window, and the accumu
       const double rel = rel_error(snapshot(models[r]->parameters()), reference);
       CAPTURE(rel);
       CHECK(rel <= 1e-6);
-      CHECK(calls[r] == 2 * 3);  // 2 windows x 3 buckets, whatever the number of micro-batches (32 / n / 2)
+      CHECK(calls[r] == 2 * 4);  // 2 windows x (3 buckets + 1 map), whatever the number of micro-batches (32 / n / 2)
       if (r == 0) MESSAGE("N = " << n << ", " << 32 / n / 2 << " micro-batches per rank: rel diff " << rel);
     }
   }
@@ -437,7 +680,8 @@ TEST_CASE("[step4] with the scaler, clean steps equal the full batch and an inf 
     const int r = comm.rank();
     auto& model = models[r];
     ddp::ReducerOptions options;
-    options.bucket_bytes = 1100;
+    options.bucket_bytes = 1000;
+    options.first_bucket_bytes = 300;
     ddp::Reducer reducer(comm, model->parameters(), options);
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
     amp::GradScalerOptions scaler_options;
@@ -466,6 +710,109 @@ TEST_CASE("[step4] with the scaler, clean steps equal the full batch and an inf 
   }
 }
 
+TEST_CASE("[step4] no_sync is decided when the forward runs, as in DDP") {
+  auto models = replicas(2);
+  const Data data(8);
+  std::vector<int64_t> quiet_calls(2, -1), synced_calls(2, -1);
+  std::vector<int> forgotten(2, 0);
+  std::vector<std::vector<torch::Tensor>> grads(2);
+  dist::run_ranks(launch(2), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    auto& model = models[r];
+    const auto params = model->parameters();
+    ddp::Reducer reducer(comm, params);
+    const torch::Tensor x = ddp::shard(data.x, r, 2), y = ddp::shard(data.y, r, 2);
+    auto forward = [&] { return reducer.forward([&] { return torch::mse_loss(model->forward(x), y); }); };
+    torch::Tensor loss;
+    {
+      ddp::NoSync quiet(reducer);
+      loss = forward();
+    }
+    comm.reset_stats();
+    loss.backward();  // outside NoSync, but its forward ran inside: no communication
+    quiet_calls[r] = comm.stats().all_reduce_calls;
+    for (const auto& p : params) p.mutable_grad() = torch::Tensor();
+    loss = forward();
+    {
+      ddp::NoSync quiet(reducer);
+      loss.backward();  // inside NoSync, but its forward ran outside: it communicates
+    }
+    reducer.finish();
+    synced_calls[r] = comm.stats().all_reduce_calls;
+    for (const auto& p : params) grads[r].push_back(p.grad().clone());
+    forward().backward();
+    try {
+      forward();  // the previous backward synced and finish() was not called
+    } catch (const c10::Error& e) {
+      forgotten[r] = std::string(e.what()).find("finish() was not called") != std::string::npos ? 1 : -1;
+    }
+    reducer.finish();
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(quiet_calls[r] == 0);
+    CHECK(synced_calls[r] == 2);  // the default limits (1 MiB, 25 MiB) make one bucket; plus the map
+    CHECK(rel_error(grads[r], grads[0]) == 0);
+    CHECK(forgotten[r] == 1);
+  }
+}
+
+TEST_CASE("[step4] ShardedGradScaler agrees on found_inf inside unscale_: an inf on one rank skips the step on every rank") {
+  const int n = 3;
+  std::vector<int> finite_after_unscale(n, -1), stepped(n, -1);
+  std::vector<double> scales(n, 0);
+  std::vector<torch::Tensor> after(n);
+  std::vector<dist::CommStats> stats(n);
+  dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    torch::Tensor p = torch::zeros({4}, torch::requires_grad());
+    torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1));
+    amp::GradScalerOptions options;
+    options.init_scale = 1024;
+    ddp::ShardedGradScaler scaler(comm, options);
+    scaler.scale(p.sum()).backward();  // gradient 1024 everywhere
+    if (r == 1) {
+      torch::NoGradGuard no_grad;
+      p.grad()[0] = std::numeric_limits<float>::infinity();
+    }
+    comm.reset_stats();
+    scaler.unscale_(sgd);  // explicit, as before clipping: the agreement happens here, not in step()
+    finite_after_unscale[r] = torch::isfinite(p.grad()).all().item<bool>() ? 1 : 0;
+    stepped[r] = scaler.step(sgd) ? 1 : 0;
+    scaler.update();
+    scales[r] = scaler.get_scale();
+    after[r] = p.detach().clone();
+    stats[r] = comm.stats();
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(finite_after_unscale[r] == (r == 1 ? 0 : 1));  // only rank 1's own gradient holds the inf
+    CHECK(stepped[r] == 0);
+    CHECK(scales[r] == 512.0);
+    CHECK(torch::equal(after[r], torch::zeros({4})));
+    CHECK(stats[r].all_reduce_calls == 1);  // one agreement, in unscale_, none again in step()
+    CHECK(stats[r].all_reduce_bytes == 8);
+  }
+}
+
+TEST_CASE("[step4] ShardedGradScaler: an unscale_ that fails on one rank fails on every rank, not a timeout") {
+  const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+    torch::Tensor p = torch::zeros({4}, torch::requires_grad());
+    torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1));
+    ddp::ShardedGradScaler scaler(comm);
+    torch::Tensor loss = scaler.scale(p.sum());
+    if (comm.rank() == 0) loss.backward();  // rank 1's optimizer has no gradient to unscale
+    scaler.unscale_(sgd);
+  });
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    INFO(outcomes[r].error);
+    CHECK_FALSE(outcomes[r].ok);
+    CHECK(outcomes[r].error.find(r == 1 ? "no parameter" : "another rank's unscale_ failed") != std::string::npos);
+    CHECK(outcomes[r].error.find("timed out") == std::string::npos);
+  }
+}
+
 // ---- step 5 -------------------------------------------------------------------------------------------------
 
 TEST_CASE("[step5] partition_parameters gives the largest parameters first to the least-loaded rank") {
@@ -475,6 +822,10 @@ TEST_CASE("[step5] partition_parameters gives the largest parameters first to th
   CHECK(ddp::partition_parameters(params, 2) == std::vector<int>{1, 0, 0, 1, 1});
   CHECK(ddp::partition_parameters(params, 1) == std::vector<int>{0, 0, 0, 0, 0});
   CHECK(ddp::partition_parameters(params, 5) == std::vector<int>{4, 0, 2, 3, 1});
+  // Sizes are elements, as ZeroRedundancyOptimizer counts (not bytes): a float32 of 15 elements (60 B) is larger
+  // than a float64 of 10 (80 B). By numel: 1 (15) -> rank 0, 2 (12) -> 1, 0 (10) -> 1.
+  const std::vector<torch::Tensor> mixed{torch::zeros({10}, torch::kDouble), torch::zeros({15}), torch::zeros({12})};
+  CHECK(ddp::partition_parameters(mixed, 2) == std::vector<int>{1, 0, 1});
   CHECK_THROWS_AS(ddp::partition_parameters(params, 0), c10::Error);
   CHECK_THROWS_AS(ddp::partition_parameters({}, 2), c10::Error);
 }
@@ -604,7 +955,7 @@ TEST_CASE("[step5] with the scaler, an inf in one rank's shard skips the ZeRO st
     ddp::ZeroOptimizer zero(comm, params, adam);
     amp::GradScalerOptions options;
     options.init_scale = 1024;
-    amp::GradScaler scaler(options);
+    ddp::ShardedGradScaler scaler(comm, options);
     zero.zero_grad();
     scaler.scale(torch::mse_loss(model->forward(ddp::shard(x, r, n)), ddp::shard(y, r, n))).backward();
     reducer.finish();
@@ -626,6 +977,105 @@ TEST_CASE("[step5] with the scaler, an inf in one rank's shard skips the ZeRO st
     CHECK(stepped[r] == 0);  // rank 0 skips too, though its own shard was clean
     CHECK(rel_error(after[r], before[r]) == 0);
     CHECK(scales[r] == 512.0);
+  }
+}
+
+TEST_CASE("[step5] ZeRO with the sharded scaler: unscale_, clip, step with an inf on one rank skips on every rank") {
+  const int n = 2;
+  std::vector<torch::nn::Sequential> models;
+  for (int r = 0; r < n; ++r) models.push_back(deep_model());
+  torch::manual_seed(9);
+  const torch::Tensor x = torch::randn({8, 32}), y = torch::randn({8, 32});
+  std::vector<int> stepped(n, -1), stepped_clean(n, -1), nan_params(n, -1);
+  std::vector<double> scales(n, 0);
+  std::vector<std::vector<torch::Tensor>> before(n), after(n), after_clean(n);
+  dist::run_ranks(launch(n, 5000), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    auto& model = models[r];
+    const auto params = model->parameters();
+    ddp::Reducer reducer(comm, params);
+    ddp::ZeroOptimizer zero(comm, params, adam);
+    amp::GradScalerOptions options;
+    options.init_scale = 1024;
+    ddp::ShardedGradScaler scaler(comm, options);
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      zero.zero_grad();
+      scaler.scale(torch::mse_loss(model->forward(ddp::shard(x, r, n)), ddp::shard(y, r, n))).backward();
+      reducer.finish();
+      if (iteration == 0 && r == 1) {  // an overflow that only rank 1 sees, in a parameter it owns
+        size_t planted = 0;
+        while (zero.owners()[planted] != 1) ++planted;
+        torch::NoGradGuard no_grad;
+        params[planted].grad()[0][0] = std::numeric_limits<float>::infinity();
+      }
+      if (iteration == 0) before[r] = snapshot(params);
+      scaler.unscale_(zero.local_optimizer());  // lesson 2's order: unscale, clip, step
+      amp::clip_grad_norm_(zero.local_optimizer(), 1.0);
+      const bool ran = zero.step(scaler);
+      scaler.update();
+      if (iteration == 0) {
+        stepped[r] = ran;
+        scales[r] = scaler.get_scale();
+        after[r] = snapshot(params);
+      } else {
+        stepped_clean[r] = ran;
+        after_clean[r] = snapshot(params);
+      }
+    }
+    int nans = 0;
+    for (const auto& p : params) nans += p.isnan().any().item<bool>() ? 1 : 0;
+    nan_params[r] = nans;
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(stepped[r] == 0);  // rank 0 skips too, though its own shard was clean and it had unscaled already
+    CHECK(scales[r] == 512.0);
+    CHECK(rel_error(after[r], before[r]) == 0);
+    CHECK(nan_params[r] == 0);
+    CHECK(stepped_clean[r] == 1);  // the next, clean iteration steps on every rank
+    CHECK(rel_error(after_clean[r], after_clean[0]) == 0);
+  }
+}
+
+TEST_CASE("[step5] ZeRO with the sharded scaler on more ranks than parameters: a clear error on every rank") {
+  for (bool unscale_first : {false, true}) {
+    CAPTURE(unscale_first);
+    std::vector<torch::nn::Linear> models;
+    for (int r = 0; r < 3; ++r) {
+      torch::manual_seed(3);
+      models.push_back(torch::nn::Linear(4, 1));  // 2 parameters for 3 ranks: rank 2 owns none
+    }
+    const auto outcomes = dist::run_ranks_collect(launch(3, 5000), [&](dist::Comm& comm) {
+      auto& model = models[comm.rank()];
+      ddp::Reducer reducer(comm, model->parameters());
+      ddp::ZeroOptimizer zero(comm, model->parameters(), adam);
+      ddp::ShardedGradScaler scaler(comm);
+      scaler.scale(model->forward(torch::ones({2, 4})).sum()).backward();
+      reducer.finish();
+      if (unscale_first) scaler.unscale_(zero.local_optimizer());
+      zero.step(scaler);
+    });
+    for (size_t r = 0; r < outcomes.size(); ++r) {
+      CAPTURE(r);
+      INFO(outcomes[r].error);
+      CHECK_FALSE(outcomes[r].ok);
+      if (!unscale_first) CHECK(outcomes[r].error.find("rank 2 owns no parameters") != std::string::npos);
+      CHECK(outcomes[r].error.find("timed out") == std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("[step5] ZeRO with models that differ gives the shape error on every rank, not a timeout") {
+  std::vector<torch::nn::Sequential> models;
+  for (int r = 0; r < 2; ++r) models.push_back(deep_model());
+  models[1]->push_back(torch::nn::Linear(32, 2));
+  const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+    ddp::ZeroOptimizer zero(comm, models[comm.rank()]->parameters(), adam);
+  });
+  for (const auto& outcome : outcomes) {
+    INFO(outcome.error);
+    CHECK_FALSE(outcome.ok);
+    CHECK(outcome.error.find("parameter shapes differ across ranks") != std::string::npos);
   }
 }
 

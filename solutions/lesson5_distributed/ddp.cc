@@ -2,11 +2,14 @@
 #include "lesson5_distributed/ddp.h"
 
 #include <algorithm>
+#include <exception>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <unordered_set>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -40,9 +43,11 @@ at::Tensor shard(const at::Tensor& batch, int rank, int world_size) {
 
 // [average]
 void average_(dist::Comm& comm, const at::Tensor& tensor) {
+  {
+    at::NoGradGuard no_grad;
+    tensor.div_(comm.world_size());  // first: the sum of N divided values cannot overflow where each did not
+  }
   comm.all_reduce(tensor);  // sum over the ranks, in place on every rank
-  at::NoGradGuard no_grad;
-  tensor.div_(comm.world_size());
 }
 // [average]
 
@@ -65,6 +70,17 @@ void check_same_shapes(dist::Comm& comm, const std::vector<at::Tensor>& params) 
 }
 // [check_same_shapes]
 
+// [sync_module_states]
+void sync_module_states(dist::Comm& comm, const std::vector<at::Tensor>& params,
+                        const std::vector<at::Tensor>& buffers) {
+  std::vector<at::Tensor> states = params;
+  states.insert(states.end(), buffers.begin(), buffers.end());
+  check_same_shapes(comm, states);  // the broadcasts below must match in size on every rank
+  at::NoGradGuard no_grad;
+  for (const at::Tensor& t : states) comm.broadcast(t.detach(), 0);  // rank 0's values, in place everywhere
+}
+// [sync_module_states]
+
 // [average_gradients]
 void average_gradients(dist::Comm& comm, const std::vector<at::Tensor>& params) {
   for (size_t i = 0; i < params.size(); ++i) {
@@ -81,26 +97,37 @@ void average_gradients(dist::Comm& comm, const std::vector<at::Tensor>& params) 
 // [average_gradients]
 
 // [make_buckets]
-std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t bucket_bytes) {
+std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t bucket_bytes,
+                                 int64_t first_bucket_bytes) {
   TORCH_CHECK(bucket_bytes > 0, "make_buckets: bucket_bytes must be > 0, got ", bucket_bytes);
   TORCH_CHECK(!params.empty(), "make_buckets: no parameters");
+  if (first_bucket_bytes <= 0) first_bucket_bytes = bucket_bytes;
+  struct Open {
+    Bucket bucket;
+    bool first = true;  // this dtype's next bucket is its first one
+  };
+  std::map<c10::ScalarType, Open> open;  // one accumulator per dtype, as DDP's (dtype, device) keys
   std::vector<Bucket> buckets;
-  Bucket current;
-  c10::ScalarType dtype = params.back().scalar_type();
   for (size_t k = params.size(); k-- > 0;) {  // reverse: the order backward produces the gradients in
     const at::Tensor& p = params[k];
-    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
-    const bool full = current.bytes + bytes > bucket_bytes;
-    if (!current.params.empty() && (full || p.scalar_type() != dtype)) {
-      buckets.push_back(current);
-      current = Bucket{};
+    Open& acc = open[p.scalar_type()];
+    acc.bucket.params.push_back(k);
+    acc.bucket.numel += p.numel();
+    acc.bucket.bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    const int64_t limit = acc.first ? first_bucket_bytes : bucket_bytes;
+    if (acc.bucket.bytes >= limit) {  // closes once it REACHES the limit, with this parameter in it
+      buckets.push_back(acc.bucket);
+      acc.bucket = Bucket{};
+      acc.first = false;
     }
-    dtype = p.scalar_type();
-    current.params.push_back(k);
-    current.numel += p.numel();
-    current.bytes += bytes;
   }
-  buckets.push_back(current);
+  std::vector<Bucket> rest;
+  for (auto& entry : open) {
+    if (!entry.second.bucket.params.empty()) rest.push_back(entry.second.bucket);
+  }
+  // Still open: in the order of their first parameter (the walk's order), the same on every rank.
+  std::sort(rest.begin(), rest.end(), [](const Bucket& a, const Bucket& b) { return a.params[0] > b.params[0]; });
+  buckets.insert(buckets.end(), rest.begin(), rest.end());
   return buckets;
 }
 // [make_buckets]
@@ -108,6 +135,7 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t 
 // [average_gradients_bucketed]
 void average_gradients_bucketed(dist::Comm& comm, const std::vector<at::Tensor>& params,
                                 const std::vector<Bucket>& buckets) {
+  check_same_shapes(comm, params);  // different models would make buckets of different sizes on the ranks
   at::NoGradGuard no_grad;
   for (const Bucket& bucket : buckets) {
     std::vector<at::Tensor> pieces;
@@ -130,12 +158,15 @@ void average_gradients_bucketed(dist::Comm& comm, const std::vector<at::Tensor>&
 
 // [reducer]
 Reducer::Reducer(dist::Comm& comm, std::vector<at::Tensor> params, ReducerOptions options)
-    : comm_(comm), params_(std::move(params)), options_(options) {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    TORCH_CHECK(params_[i].requires_grad(), "Reducer: parameter ", i, " does not require grad");
+    : comm_(comm), options_(options) {
+  sync_module_states(comm_, params);  // every replica starts from rank 0's parameters, frozen ones included
+  std::unordered_set<const void*> seen;
+  for (const at::Tensor& p : params) {
+    // As DDP: only what requires grad is reduced, and a tensor listed twice (tied weights) once.
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params_.push_back(p);
   }
-  check_same_shapes(comm_, params_);
-  buckets_ = make_buckets(params_, options_.bucket_bytes);
+  TORCH_CHECK(!params_.empty(), "Reducer: no parameter requires grad");
+  buckets_ = make_buckets(params_, options_.bucket_bytes, options_.first_bucket_bytes);
   bucket_of_.assign(params_.size(), 0);
   offset_of_.assign(params_.size(), 0);
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -164,17 +195,22 @@ Reducer::~Reducer() {
 
 // [grad_ready]
 void Reducer::grad_ready(size_t index, const at::Tensor& grad) {
-  if (!sync_) return;  // no_sync: let the gradient accumulate in .grad, talk at the window's last backward
   TORCH_CHECK(index < params_.size(), "Reducer::grad_ready: no parameter ", index);
-  TORCH_CHECK(!ready_[index], "Reducer: parameter ", index, " got two gradients in one backward");
+  // As DDP: what the forward of this backward saw decides (without forward(), sync() as it is now).
+  const bool sync = forward_sync_ >= 0 ? forward_sync_ == 1 : sync_;
+  if (!sync) return;  // no_sync: let the gradient accumulate in .grad, talk at the window's last backward
+  TORCH_CHECK(!ready_[index], "rank ", comm_.rank(), ": Reducer: parameter ", index,
+              " got a second gradient before finish(); finish() was not called after the previous backward");
   at::NoGradGuard no_grad;
   const at::Tensor& param = params_[index];
   const size_t b = bucket_of_[index];
   at::Tensor slot = buffers_[b].narrow(0, offset_of_[index], param.numel());
-  slot.copy_(grad.reshape({-1}));
   // .grad does not hold this gradient yet: add what earlier (no_sync) backward passes accumulated there.
-  if (param.grad().defined()) slot.add_(param.grad().reshape({-1}));
+  const at::Tensor local = param.grad().defined() ? grad.reshape({-1}) + param.grad().reshape({-1}) : grad.reshape({-1});
+  slot.copy_(local);
+  slot.div_(comm_.world_size());  // as DDP: divided before the sum, not after
   ready_[index] = true;
+  synced_backward_ = true;
   if (--missing_[b] == 0 && options_.overlap) {
     // Launch in bucket order only: every rank must issue the same collectives in the same order.
     while (next_to_launch_ < buckets_.size() && missing_[next_to_launch_] == 0) {
@@ -188,7 +224,8 @@ void Reducer::grad_ready(size_t index, const at::Tensor& grad) {
 
 // [finish]
 void Reducer::finish() {
-  TORCH_CHECK(sync_, "Reducer::finish: called while sync() is false (inside NoSync)");
+  const bool sync = forward_sync_ >= 0 ? forward_sync_ == 1 : sync_;
+  TORCH_CHECK(sync, "Reducer::finish: called for a backward that does not sync (inside NoSync)");
   // Reset for the next backward whatever happens below (the AsyncWork destructors wait for launched work).
   struct Reset {
     Reducer& r;
@@ -198,20 +235,33 @@ void Reducer::finish() {
       r.work_.clear();
       r.work_.resize(r.buckets_.size());
       r.next_to_launch_ = 0;
+      r.forward_sync_ = -1;
+      r.synced_backward_ = false;
     }
   } reset{*this};
+  at::NoGradGuard no_grad;
+  // DDP's local_used_map: 1 for each parameter that got no gradient here. A missing gradient contributes
+  // zeros, so that every rank still launches every bucket and then this map: the same calls on every rank.
+  at::Tensor unused = at::zeros({static_cast<int64_t>(params_.size())}, buffers_[0].options().dtype(at::kFloat));
   for (size_t i = 0; i < params_.size(); ++i) {
-    TORCH_CHECK(ready_[i], "rank ", comm_.rank(), ": parameter ", i,
-                " got no gradient in this backward (unused parameters are not supported)");
+    if (ready_[i]) continue;
+    unused[static_cast<int64_t>(i)] = 1.0f;
+    buffers_[bucket_of_[i]].narrow(0, offset_of_[i], params_[i].numel()).zero_();
   }
   while (next_to_launch_ < buckets_.size()) {  // overlap off: everything goes now, still in order
     work_[next_to_launch_] = comm_.all_reduce_async(buffers_[next_to_launch_]);
     ++next_to_launch_;
   }
-  at::NoGradGuard no_grad;
+  comm_.all_reduce(unused);  // summed: on how many ranks each parameter got no gradient
+  for (auto& work : work_) work.wait();
+  const at::Tensor missing = unused.cpu();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const float ranks = missing[static_cast<int64_t>(i)].item<float>();
+    TORCH_CHECK(ranks == 0, "rank ", comm_.rank(), ": parameter ", i, " got no gradient in this backward on ",
+                static_cast<int>(ranks), " of ", comm_.world_size(),
+                " ranks (unused parameters are not supported: every rank's loss must use every parameter)");
+  }
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    work_[b].wait();
-    buffers_[b].div_(comm_.world_size());
     for (size_t i : buckets_[b].params) {
       const at::Tensor average = buffers_[b].narrow(0, offset_of_[i], params_[i].numel()).view_as(params_[i]);
       if (params_[i].grad().defined()) {
@@ -224,6 +274,15 @@ void Reducer::finish() {
 }
 // [finish]
 
+// [forward]
+at::Tensor Reducer::forward(const std::function<at::Tensor()>& forward_fn) {
+  TORCH_CHECK(!synced_backward_, "rank ", comm_.rank(),
+              ": Reducer::forward: finish() was not called after the previous backward");
+  forward_sync_ = sync_ ? 1 : 0;  // DDP reads require_backward_grad_sync in forward, not in backward
+  return forward_fn();
+}
+// [forward]
+
 // [all_ranks_found_inf]
 bool all_ranks_found_inf(dist::Comm& comm, bool local_found_inf) {
   const at::Tensor flag = at::full({1}, local_found_inf ? 1.0f : 0.0f, at::TensorOptions().device(comm.device()));
@@ -232,27 +291,33 @@ bool all_ranks_found_inf(dist::Comm& comm, bool local_found_inf) {
 }
 // [all_ranks_found_inf]
 
-// [scaler_step]
-bool scaler_step(dist::Comm& comm, amp::GradScaler& scaler, torch::optim::Optimizer& optimizer) {
-  at::Tensor first_grad;
-  bool local = false;
-  for (const auto& group : optimizer.param_groups()) {
-    for (const auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      if (!first_grad.defined()) first_grad = p.grad();
-      if (!at::isfinite(p.grad()).all().item<bool>()) local = true;
-    }
+// [sharded_scaler]
+ShardedGradScaler::ShardedGradScaler(dist::Comm& comm, amp::GradScalerOptions options)
+    : amp::GradScaler(options), comm_(comm) {}
+
+void ShardedGradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!is_enabled()) return;
+  std::exception_ptr failed;
+  try {
+    amp::GradScaler::unscale_(optimizer);  // this rank's gradients only
+  } catch (...) {
+    failed = std::current_exception();
   }
-  const bool any = all_ranks_found_inf(comm, local);
-  if (any && !local && first_grad.defined()) {
-    // Another rank saw an inf in gradients this rank's optimizer does not hold (ZeRO: another shard).
-    // lesson 1's scaler only trusts its own check, so show it one: these gradients are discarded anyway.
-    at::NoGradGuard no_grad;
-    first_grad.view({-1})[0].fill_(std::numeric_limits<float>::infinity());
+  const at::Tensor found_inf = recorded_found_inf(optimizer);
+  // {found_inf, failed}: one all-reduce MAX, also from a rank whose unscale threw, so nobody waits for it.
+  at::Tensor flags = at::zeros({2}, at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
+  if (failed) {
+    flags[1] = 1.0f;
+  } else {
+    flags.narrow(0, 0, 1).copy_(found_inf);
   }
-  return scaler.step(optimizer);
+  comm_.all_reduce(flags, dist::ReduceOp::kMax);
+  if (failed) std::rethrow_exception(failed);
+  TORCH_CHECK(flags[1].item<float>() == 0, "rank ", comm_.rank(),
+              ": ShardedGradScaler::unscale_: another rank's unscale_ failed (see its error)");
+  found_inf.copy_(flags.narrow(0, 0, 1));  // the flag step() and update() read: 1 on every rank if on any
 }
-// [scaler_step]
+// [sharded_scaler]
 
 // [train_step]
 bool train_step(Reducer& reducer, torch::optim::Optimizer& optimizer,
@@ -266,7 +331,8 @@ bool train_step(Reducer& reducer, torch::optim::Optimizer& optimizer,
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     std::optional<NoSync> quiet;
     if (i + 1 < micro_batches.size()) quiet.emplace(reducer);  // only the window's last backward talks
-    at::Tensor loss = loss_fn(micro_batches[i]) * (static_cast<double>(micro_batches[i].count()) / items);
+    const double weight = static_cast<double>(micro_batches[i].count()) / items;
+    at::Tensor loss = reducer.forward([&] { return loss_fn(micro_batches[i]) * weight; });
     if (scaler != nullptr) loss = scaler->scale(loss);
     loss.backward();
   }
@@ -275,7 +341,7 @@ bool train_step(Reducer& reducer, torch::optim::Optimizer& optimizer,
     optimizer.step();
     return true;
   }
-  const bool stepped = scaler_step(reducer.comm(), *scaler, optimizer);
+  const bool stepped = scaler->step(optimizer);  // averaged gradients: an inf on one rank is inf on all
   scaler->update();
   return stepped;
 }
@@ -287,14 +353,14 @@ std::vector<int> partition_parameters(const std::vector<at::Tensor>& params, int
   TORCH_CHECK(!params.empty(), "partition_parameters: no parameters");
   std::vector<size_t> order(params.size());
   std::iota(order.begin(), order.end(), 0);
-  auto bytes = [&](size_t i) { return params[i].numel() * static_cast<int64_t>(params[i].element_size()); };
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return bytes(a) > bytes(b); });
+  auto size = [&](size_t i) { return params[i].numel(); };  // elements, as ZeroRedundancyOptimizer counts
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return size(a) > size(b); });
   std::vector<int64_t> load(static_cast<size_t>(world_size), 0);
   std::vector<int> owner(params.size(), 0);
   for (size_t i : order) {
     const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());  // first minimum
     owner[i] = r;
-    load[static_cast<size_t>(r)] += bytes(i);
+    load[static_cast<size_t>(r)] += size(i);
   }
   return owner;
 }
@@ -304,6 +370,7 @@ std::vector<int> partition_parameters(const std::vector<at::Tensor>& params, int
 ZeroOptimizer::ZeroOptimizer(dist::Comm& comm, std::vector<at::Tensor> params, const OptimizerFactory& factory)
     : comm_(comm), params_(std::move(params)) {
   TORCH_CHECK(!params_.empty(), "ZeroOptimizer: no parameters");
+  check_same_shapes(comm_, params_);  // the broadcasts of sync_parameters must match in size on every rank
   owners_ = partition_parameters(params_, comm_.world_size());
   std::vector<at::Tensor> mine;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -326,9 +393,18 @@ void ZeroOptimizer::step() {
   sync_parameters();
 }
 
-bool ZeroOptimizer::step(amp::GradScaler& scaler) {
-  // Every rank agrees whether to step (an inf may sit in another rank's shard), so the broadcasts match.
-  const bool stepped = scaler_step(comm_, scaler, *local_);
+bool ZeroOptimizer::step(ShardedGradScaler& scaler) {
+  TORCH_CHECK(&scaler.comm() == &comm_, "ZeroOptimizer::step: the ShardedGradScaler is on another communicator");
+  // Every rank knows the partition: all throw here, before any collective, instead of one failing alone.
+  for (int r = 0; r < comm_.world_size(); ++r) {
+    TORCH_CHECK(std::find(owners_.begin(), owners_.end(), r) != owners_.end(), "rank ", comm_.rank(),
+                ": ZeroOptimizer::step(scaler): rank ", r, " owns no parameters (", params_.size(),
+                " parameters on ", comm_.world_size(), " ranks), so its scaler has no gradient to unscale; use at most ",
+                params_.size(), " ranks");
+  }
+  // The sharded scaler agrees on found_inf inside unscale_ (an inf may sit in another rank's shard), so every
+  // rank steps or skips alike and the broadcasts match.
+  const bool stepped = scaler.step(*local_);
   if (stepped) sync_parameters();
   return stepped;
 }
