@@ -3,11 +3,11 @@
 
   site_check.py SITE_DIR PAGES_DIR LESSONS_JSON      (run from the runfiles root: the sources are there)
 
-- the main page, the results page, the quick start and every ready lesson's page exist;
+- the main page, the results page, the quick start and every lesson's page exist;
 - every internal link (href/src) of every HTML file points at a file of the site, and its #anchor exists there;
 - every image is a non-empty file, and every plot a page asks for (\\image) is on that page;
 - every \\snippet of a lesson page is on the built page, character for character (whitespace aside);
-- every lesson page links to the previous and next ready lessons, the results page, and each step to its checks;
+- every lesson page links to the previous and next lessons, the results page, and each step to its checks;
 - no page's file name or text shows Bazel's output tree (bazel-out, k8-fastbuild, ...);
 - the pages use the doxygen-awesome theme (Debian's doxygen-awesome-css) with its dark-mode toggle and the copy
   buttons on code fragments.
@@ -20,9 +20,11 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import conventions  # noqa: E402  (step headings and // [tag] markers, as the generator reads them)
+
 SNIPPET = re.compile(r"^\s*\\snippet\s+(\S+)\s+(\S+)\s*$", re.M)
 IMAGE = re.compile(r"^\s*\\image\s+html\s+(\S+)", re.M)
-STEP = re.compile(r"^## Step (\d+)\b", re.M)
 
 
 class Page(html.parser.HTMLParser):
@@ -55,22 +57,18 @@ def parse(path):
 
 
 def snippet_text(path, tag):
-    lines, inside = [], False
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip() == "// [%s]" % tag:
-                if inside:
-                    return "\n".join(lines)
-                inside = True
-            elif inside:
-                lines.append(line.rstrip("\n"))
+        lines = f.read().splitlines()
+    for marker in conventions.markers(lines, path):
+        if marker.tag == tag:
+            return "\n".join(lines[marker.first + 1:marker.last])
     return None
 
 
 def main():
     site, pages_dir, lessons_json = sys.argv[1:4]
     lessons = json.load(open(lessons_json))
-    ready = [l for l in lessons if l["ready"]]
+    ready = lessons
     checks = {"passed": 0, "failed": 0}
 
     def check(ok, message):
@@ -142,8 +140,6 @@ def main():
 
     results = pages.get("results.html")
     for i, lesson in enumerate(lessons):
-        if not lesson["ready"]:
-            continue
         n = lesson["number"]
         page = pages.get("lesson%d.html" % n)
         source = open(os.path.join(pages_dir, lesson["dir"], "README.md"), encoding="utf-8").read()
@@ -165,11 +161,11 @@ def main():
                 check(image in results.images, "results.html does not show %s" % image)
         hrefs = " ".join(page.links)
         for other in (lessons[i - 1] if i > 0 else None, lessons[i + 1] if i + 1 < len(lessons) else None):
-            if other and other["ready"]:
+            if other:
                 check("lesson%d.html" % other["number"] in hrefs,
                       "lesson%d.html does not link to lesson %d" % (n, other["number"]))
         check("results.html" in hrefs, "lesson%d.html does not link to the results page" % n)
-        steps = sorted(set(int(k) for k in STEP.findall(source)))
+        steps = [s.number for s in conventions.read_steps(os.path.join(lesson["dir"], "README.md"))]
         check(len(steps) > 0, "lesson%d has no steps" % n)
         for k in steps:
             check("#lesson%d_checks_step%d" % (n, k) in hrefs, "lesson%d.html: step %d does not link to its checks" % (n, k))

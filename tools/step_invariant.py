@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Maintainer check: every step of every lesson stands alone.
 
-  bazel run //tools:step_invariant                      # every ready lesson
+  bazel run //tools:step_invariant                      # every lesson
   bazel run //tools:step_invariant -- --lesson=1 --steps=3,4
 
 For lesson N and each K, the skeleton with steps 1..K done (taken from the reference solution) must pass every
@@ -32,11 +32,9 @@ import time
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import conventions  # noqa: E402  (step headings, [stepK] tags, TODO and // [tag] markers)
 from progress import first_failure  # noqa: E402  (the same reading of doctest's XML as //:progress)
 
-MARKER = re.compile(r"^\s*//\s*\[([A-Za-z0-9_]+)\]\s*$")
-STEP_HEADING = re.compile(r"^#+\s*Step\s+(\d+)\b", re.MULTILINE)
-STEP_TAG = re.compile(r"^\[step(\d+)\]")
 SKIP_DIRS = {".bazel", ".git", ".portable", "docs/html"}
 
 
@@ -45,46 +43,32 @@ def read(path):
         return f.read()
 
 
-def todo_pattern(lesson):
-    return re.compile(r"TODO\(lesson%d, step (\d+)\)" % lesson)
-
-
 def regions(lines, path):
     """[(tag, first line index, last line index)] of the `// [tag]` marker pairs (the marker lines included)."""
-    found, open_at = [], {}
-    for i, line in enumerate(lines):
-        m = MARKER.match(line)
-        if not m:
-            continue
-        tag = m.group(1)
-        if tag in open_at:
-            found.append((tag, open_at.pop(tag), i))
-        else:
-            if open_at:
-                raise ValueError("%s:%d: marker [%s] opens inside [%s]; nested markers are not supported"
-                                 % (path, i + 1, tag, next(iter(open_at))))
-            open_at[tag] = i
-    if open_at:
-        tag, i = next(iter(open_at.items()))
-        raise ValueError("%s:%d: marker [%s] is never closed" % (path, i + 1, tag))
-    return found
+    return [tuple(m) for m in conventions.markers(lines, path)]
+
+
+def todo_lines(text, lesson, path):
+    """{line index: K} of the lesson's TODO markers in `text`."""
+    return {line - 1: k for line, k in conventions.todos(text, lesson, path)}
 
 
 def learner_units(lesson, skeleton_path):
     """{tag: (lines, steps)} of the skeleton file, and the problems found (TODOs outside any unit)."""
-    todo = todo_pattern(lesson)
-    lines = read(skeleton_path).splitlines(keepends=True)
+    text = read(skeleton_path)
+    marked = todo_lines(text, lesson, skeleton_path)
+    lines = text.splitlines(keepends=True)
     units, inside, problems = {}, set(), []
     for tag, first, last in regions(lines, skeleton_path):
         body = lines[first:last + 1]
-        steps = sorted({int(k) for k in todo.findall("".join(body))})
+        steps = sorted({k for i, k in marked.items() if first <= i <= last})
         units[tag] = (body, steps)
         inside.update(range(first, last + 1))
         if len(steps) > 1:
             problems.append("%s: the code between the [%s] markers holds TODOs of steps %s; split it so "
                             "that each step can be done alone" % (skeleton_path, tag, steps))
-    for i, line in enumerate(lines):
-        if i not in inside and todo.search(line):
+    for i in sorted(marked):
+        if i not in inside:
             problems.append("%s:%d: TODO outside any // [tag] marker pair: the step checker cannot splice it"
                             % (skeleton_path, i + 1))
     return units, problems
@@ -113,11 +97,12 @@ def variant(lesson, skeleton_path, solution_path, k):
 
 def learner_files(lesson, root):
     """The lesson's skeleton sources that hold TODO markers (relative paths)."""
-    todo = todo_pattern(lesson["number"])
     folder = os.path.join(root, lesson["dir"])
     out = []
     for name in sorted(os.listdir(folder)):
-        if name.endswith((".cc", ".h")) and not name.endswith("_test.cc") and todo.search(read(os.path.join(folder, name))):
+        path = os.path.join(folder, name)
+        if name.endswith((".cc", ".h")) and not name.endswith("_test.cc") and \
+                conventions.todos(read(path), lesson["number"], path):
             out.append(os.path.join(lesson["dir"], name))
     return out
 
@@ -204,16 +189,26 @@ def bazel(args, work, bazel_bin):
     return subprocess.run([bazel_bin] + args, cwd=work, capture_output=True, text=True)
 
 
+def lesson_steps(lesson, root):
+    """The step numbers of the lesson's page (tools/conventions.py: ConventionError for a malformed heading)."""
+    return [s.number for s in conventions.read_steps(os.path.join(root, lesson["dir"], "README.md"))]
+
+
 def check_lesson(lesson, root, work, bazel_bin, only_steps, log):
     n, folder = lesson["number"], lesson["dir"]
-    steps = sorted({int(k) for k in STEP_HEADING.findall(read(os.path.join(root, folder, "README.md")))})
-    files = learner_files(lesson, root)
     findings = []
     structure = []
-    for f in files:
-        structure += learner_units(n, os.path.join(root, f))[1]
-        if not os.path.exists(os.path.join(root, "solutions", f)):
-            structure.append("solutions/%s is missing" % f)
+    try:
+        steps = lesson_steps(lesson, root)
+        files = learner_files(lesson, root)
+        for f in files:
+            structure += learner_units(n, os.path.join(root, f))[1]
+            if not os.path.exists(os.path.join(root, "solutions", f)):
+                structure.append("solutions/%s is missing" % f)
+            else:
+                regions(read(os.path.join(root, "solutions", f)).splitlines(), "solutions/" + f)
+    except conventions.ConventionError as error:
+        structure.append(str(error))
     if structure:
         for p in structure:
             log("lesson %d: cannot splice: %s" % (n, p))
@@ -246,8 +241,7 @@ def check_lesson(lesson, root, work, bazel_bin, only_steps, log):
                 continue
             for name, outcome, message in cases:
                 counts[outcome] += 1
-                m = STEP_TAG.match(name)
-                step = int(m.group(1)) if m else None
+                step = conventions.test_step(name)
                 if outcome == "skipped" or step is None:
                     continue
                 if step <= k and outcome == "failed":
@@ -283,7 +277,7 @@ def main():
     work = os.path.abspath(args.work or os.path.join(tempfile.gettempdir(), "workshop-step-invariant"))
     if os.path.abspath(work) == root:
         sys.exit("step_invariant: --work must not be the workspace itself")
-    lessons = [l for l in json.load(open(args.lessons)) if l["ready"]]
+    lessons = [l for l in json.load(open(args.lessons))]
     if args.lesson:
         lessons = [l for l in lessons if l["number"] in args.lesson]
     only_steps = {int(s) for s in args.steps.split(",")} if args.steps else None

@@ -30,7 +30,7 @@ def lesson_test(name, src, impl, tags = [], size = "small"):
     )
 
 def exercise_invariants_test(name, lesson, lesson_dir, tests):
-    """Checks lesson `lesson`'s exercise invariants (tests/maintainer_check.py).
+    """Checks lesson `lesson`'s exercise invariants (tools/maintainer_check.py).
 
     `tests` are the names of the learner's check targets in //<lesson_dir>; the same names must exist in
     //solutions/<lesson_dir>. Every test case must fail against the pristine skeleton.
@@ -40,10 +40,11 @@ def exercise_invariants_test(name, lesson, lesson_dir, tests):
         name = name,
         size = "medium",
         srcs = ["//tests:run_python.sh"],
-        args = ["$(rootpath //tests:maintainer_check.py)", "--lesson", str(lesson), lesson_dir,
+        args = ["$(rootpath //tools:maintainer_check.py)", "--lesson", str(lesson), lesson_dir,
                 "solutions/" + lesson_dir] + ["$(rootpath %s)" % b for b in binaries],
         data = [
-            "//tests:maintainer_check.py",
+            "//tools:conventions.py",
+            "//tools:maintainer_check.py",
             "//%s:sources" % lesson_dir,
             "//solutions/%s:sources" % lesson_dir,
         ] + binaries,

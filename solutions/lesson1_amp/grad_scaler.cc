@@ -48,45 +48,6 @@ std::vector<at::Tensor> gradients_of(torch::optim::Optimizer& optimizer) {
 
 }  // namespace
 
-// [unscale_plain]
-void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
-  TORCH_CHECK(found_inf.numel() == 1 && found_inf.scalar_type() == c10::ScalarType::Float,
-              "unscale_grads_plain: found_inf must be a one-element float32 tensor");
-  TORCH_CHECK(inv_scale.numel() == 1 && inv_scale.scalar_type() == c10::ScalarType::Float,
-              "unscale_grads_plain: inv_scale must be a one-element float32 tensor");
-  at::NoGradGuard no_grad;  // unscaling is bookkeeping, not part of the model's graph
-  for (const at::Tensor& grad : grads) {
-    TORCH_CHECK(grad.device() == found_inf.device() && grad.device() == inv_scale.device(),
-                "unscale_grads_plain: all tensors must be on one device; a gradient is on ", grad.device(),
-                ", found_inf on ", found_inf.device());
-    // No .item() here: the check stays on the device, so the GPU never waits for the host.
-    found_inf.masked_fill_(grad.isfinite().all().logical_not(), 1.0);
-    grad.mul_(inv_scale);
-  }
-}
-// [unscale_plain]
-
-// [update_plain]
-void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
-                        double growth_factor, double backoff_factor, int64_t growth_interval) {
-  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == c10::ScalarType::Float,
-              "update_scale_plain: scale must be a one-element float32 tensor");
-  TORCH_CHECK(growth_tracker.numel() == 1 && growth_tracker.scalar_type() == c10::ScalarType::Int,
-              "update_scale_plain: growth_tracker must be a one-element int32 tensor");
-  TORCH_CHECK(found_inf.numel() == 1, "update_scale_plain: found_inf must have one element");
-  TORCH_CHECK(growth_interval > 0, "update_scale_plain: growth_interval must be > 0, got ", growth_interval);
-  const at::Tensor overflow = found_inf.ne(0);                      // [1] bool; NaN != 0 counts as overflow
-  const at::Tensor clean_steps = growth_tracker + 1;                // [1] int32
-  const at::Tensor grow = clean_steps.eq(growth_interval) & overflow.logical_not();
-  at::Tensor grown = scale * growth_factor;
-  grown = at::where(grown.isfinite(), grown, scale);               // never grow into inf
-  const at::Tensor new_scale = at::where(overflow, scale * backoff_factor, at::where(grow, grown, scale));
-  const at::Tensor new_tracker = at::where(overflow | grow, at::zeros_like(clean_steps), clean_steps);
-  scale.copy_(new_scale);
-  growth_tracker.copy_(new_tracker);
-}
-// [update_plain]
-
 // [constructor]
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
   check_options(options.init_scale, options.growth_factor, options.backoff_factor, options.growth_interval);
@@ -109,6 +70,24 @@ at::Tensor GradScaler::scale(const at::Tensor& loss) {
   return loss * scale_;
 }
 // [scale]
+
+// [unscale_plain]
+void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  TORCH_CHECK(found_inf.numel() == 1 && found_inf.scalar_type() == c10::ScalarType::Float,
+              "unscale_grads_plain: found_inf must be a one-element float32 tensor");
+  TORCH_CHECK(inv_scale.numel() == 1 && inv_scale.scalar_type() == c10::ScalarType::Float,
+              "unscale_grads_plain: inv_scale must be a one-element float32 tensor");
+  at::NoGradGuard no_grad;  // unscaling is bookkeeping, not part of the model's graph
+  for (const at::Tensor& grad : grads) {
+    TORCH_CHECK(grad.device() == found_inf.device() && grad.device() == inv_scale.device(),
+                "unscale_grads_plain: all tensors must be on one device; a gradient is on ", grad.device(),
+                ", found_inf on ", found_inf.device());
+    // No .item() here: the check stays on the device, so the GPU never waits for the host.
+    found_inf.masked_fill_(grad.isfinite().all().logical_not(), 1.0);
+    grad.mul_(inv_scale);
+  }
+}
+// [unscale_plain]
 
 // [unscale]
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
@@ -158,6 +137,27 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   return !skip;
 }
 // [step]
+
+// [update_plain]
+void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                        double growth_factor, double backoff_factor, int64_t growth_interval) {
+  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == c10::ScalarType::Float,
+              "update_scale_plain: scale must be a one-element float32 tensor");
+  TORCH_CHECK(growth_tracker.numel() == 1 && growth_tracker.scalar_type() == c10::ScalarType::Int,
+              "update_scale_plain: growth_tracker must be a one-element int32 tensor");
+  TORCH_CHECK(found_inf.numel() == 1, "update_scale_plain: found_inf must have one element");
+  TORCH_CHECK(growth_interval > 0, "update_scale_plain: growth_interval must be > 0, got ", growth_interval);
+  const at::Tensor overflow = found_inf.ne(0);                      // [1] bool; NaN != 0 counts as overflow
+  const at::Tensor clean_steps = growth_tracker + 1;                // [1] int32
+  const at::Tensor grow = clean_steps.eq(growth_interval) & overflow.logical_not();
+  at::Tensor grown = scale * growth_factor;
+  grown = at::where(grown.isfinite(), grown, scale);               // never grow into inf
+  const at::Tensor new_scale = at::where(overflow, scale * backoff_factor, at::where(grow, grown, scale));
+  const at::Tensor new_tracker = at::where(overflow | grow, at::zeros_like(clean_steps), clean_steps);
+  scale.copy_(new_scale);
+  growth_tracker.copy_(new_tracker);
+}
+// [update_plain]
 
 // [update]
 void GradScaler::update() {

@@ -62,24 +62,6 @@ std::vector<MicroBatch> split_batch(const at::Tensor& input, const at::Tensor& t
 }
 // [split_batch]
 
-// [loss_weights]
-std::vector<double> loss_weights(const std::vector<int64_t>& items, Normalization normalization) {
-  TORCH_CHECK(!items.empty(), "loss_weights: a window needs at least one micro-batch");
-  int64_t total = 0;
-  for (int64_t n : items) {
-    TORCH_CHECK(n > 0, "loss_weights: every micro-batch needs at least one item, got ", n);
-    total += n;
-  }
-  std::vector<double> weights;
-  for (int64_t n : items) {
-    // mean_i * n_i / total summed over i is the mean over all the window's items: the full-batch loss.
-    weights.push_back(normalization == Normalization::kByItems ? static_cast<double>(n) / static_cast<double>(total)
-                                                               : 1.0 / static_cast<double>(items.size()));
-  }
-  return weights;
-}
-// [loss_weights]
-
 // [accumulate_window]
 at::Tensor accumulate_window(const std::vector<MicroBatch>& window, const LossFn& loss_fn,
                              Normalization normalization) {
@@ -123,6 +105,24 @@ AccumulationStats train_accumulated(torch::optim::Optimizer& optimizer, const st
   return stats;
 }
 // [train_accumulated]
+
+// [loss_weights]
+std::vector<double> loss_weights(const std::vector<int64_t>& items, Normalization normalization) {
+  TORCH_CHECK(!items.empty(), "loss_weights: a window needs at least one micro-batch");
+  int64_t total = 0;
+  for (int64_t n : items) {
+    TORCH_CHECK(n > 0, "loss_weights: every micro-batch needs at least one item, got ", n);
+    total += n;
+  }
+  std::vector<double> weights;
+  for (int64_t n : items) {
+    // mean_i * n_i / total summed over i is the mean over all the window's items: the full-batch loss.
+    weights.push_back(normalization == Normalization::kByItems ? static_cast<double>(n) / static_cast<double>(total)
+                                                               : 1.0 / static_cast<double>(items.size()));
+  }
+  return weights;
+}
+// [loss_weights]
 
 // [train_accumulated_amp]
 AccumulationStats train_accumulated_amp(torch::optim::Optimizer& optimizer, amp::GradScaler& scaler,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Maintainer checks of the exercise invariants, run as a test (//tests:exercise_invariants_test).
+"""Maintainer checks of the exercise invariants, run as a test (//tests:lessonN_invariants_test).
 
 For every lesson given as --lesson N DIR SOLUTION_DIR TEST_BINARY...:
   * the lesson's README lists steps ("Step K" headings); the checks' test cases carry matching "[stepK]" tags
@@ -13,7 +13,10 @@ For every lesson given as --lesson N DIR SOLUTION_DIR TEST_BINARY...:
     guess the wording. Numbers in it stand for values the message reports, and a substring the call itself
     spells out (a path it passes) is an echo of the input;
   * in each skeleton source the TODOs appear in step order (a learner reads the file top to bottom).
+  * the functions of each skeleton source and of its solution come in the same order (a `diff` of the two
+    shows only the answers).
 The skeleton test binaries were built by Bazel, which is itself the check that every skeleton compiles.
+The conventions (step headings, [stepK] tags, TODO markers) are parsed by tools/conventions.py.
 """
 import argparse
 import glob
@@ -23,8 +26,9 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
-STEP_HEADING = re.compile(r"^#+\s*Step\s+(\d+)\b", re.MULTILINE)
-STEP_TAG = re.compile(r"^\[step(\d+)\]")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import conventions  # noqa: E402
+
 THROWS_WITH = re.compile(r"\b(?:CHECK|REQUIRE|WARN)_THROWS_WITH(?:_AS)?(?:_MESSAGE)?\s*\(")
 CONTAINS = re.compile(r'Contains\(\s*"((?:[^"\\]|\\.)*)"\s*\)')
 NUMBER = re.compile(r"-?\d[\d.e+-]*")
@@ -104,35 +108,66 @@ def unannounced_messages(lesson_dir, test_sources):
     return missing
 
 
+def order_problem(skeleton, solution):
+    """None if every function `skeleton` defines is defined in `solution` too, in the same order (the solution
+    may add helpers of its own anywhere); otherwise what differs."""
+    mine = conventions.functions(open(skeleton, encoding="utf-8").read())
+    theirs = conventions.functions(open(solution, encoding="utf-8").read())
+    missing = [f for f in mine if f not in theirs]
+    if missing:
+        return "%s defines %s, which %s does not" % (skeleton, ", ".join(missing), solution)
+    shared = [f for f in theirs if f in mine]
+    if shared != mine:
+        return ("%s and %s define their functions in different orders (skeleton: %s; solution: %s); keep them in "
+                "the same order so that a diff of the two shows only the answers"
+                % (skeleton, solution, ", ".join(mine), ", ".join(shared)))
+    return None
+
+
 def check_lesson(number, lesson_dir, solution_dir, binaries, problems):
     print("lesson %s (%s):" % (number, lesson_dir))
     readme = os.path.join(lesson_dir, "README.md")
     if not os.path.exists(readme):
         fail(problems, "%s is missing" % readme)
         return
-    steps = sorted({int(k) for k in STEP_HEADING.findall(open(readme, encoding="utf-8").read())})
+    try:
+        steps = [s.number for s in conventions.read_steps(readme)]
+    except conventions.ConventionError as error:
+        fail(problems, str(error))
+        return
     if not steps:
-        fail(problems, "%s lists no 'Step K' headings" % readme)
+        fail(problems, "%s lists no '## Step K' headings" % readme)
     print("  steps in the prose: %s" % steps)
 
-    # TODO markers in the skeleton; none in the solution.
-    skeleton_text = "".join(open(p, encoding="utf-8").read() for p in sources(lesson_dir))
-    for k in steps:
-        if "TODO(lesson%s, step %d)" % (number, k) not in skeleton_text:
-            fail(problems, "no 'TODO(lesson%s, step %d)' marker in the skeleton of %s" % (number, k, lesson_dir))
-    for path in sources(solution_dir):
-        if "TODO(lesson" in open(path, encoding="utf-8").read():
-            fail(problems, "%s contains a TODO(lesson...) marker; solutions ship solved" % path)
-
-    # TODOs in step order within each skeleton file.
-    todo = re.compile(r"TODO\(lesson%s, step (\d+)\)" % number)
+    # TODO markers in the skeleton, in step order within each file; none in the solution.
+    found = set()
     for path in sources(lesson_dir):
         if path.endswith(("_test.cc", "demo.cc")):
             continue
-        order = [int(k) for k in todo.findall(open(path, encoding="utf-8").read())]
+        try:
+            order = [k for _, k in conventions.todos(open(path, encoding="utf-8").read(), number, path)]
+        except conventions.ConventionError as error:
+            fail(problems, str(error))
+            continue
+        found.update(order)
         if order != sorted(order):
             fail(problems, "%s: the TODOs are not in step order (steps %s, top to bottom); a learner reads the "
                  "file from the top" % (path, order))
+    for k in steps:
+        if k not in found:
+            fail(problems, "no 'TODO(lesson%s, step %d)' marker in the skeleton of %s" % (number, k, lesson_dir))
+    for path in sources(solution_dir):
+        if conventions.has_todo(open(path, encoding="utf-8").read()):
+            fail(problems, "%s contains a TODO(lesson...) marker; solutions ship solved" % path)
+
+    # Skeleton and solution read alike: the skeleton's functions, in the same order, in the solution.
+    for path in sources(solution_dir):
+        skeleton = os.path.join(lesson_dir, os.path.basename(path))
+        if not os.path.exists(skeleton):
+            continue
+        problem = order_problem(skeleton, path)
+        if problem:
+            fail(problems, problem)
 
     # The wording of every required message is announced in a header or the skeleton.
     test_sources = [p for p in sources(lesson_dir) if p.endswith("_test.cc")]
@@ -145,11 +180,13 @@ def check_lesson(number, lesson_dir, solution_dir, binaries, problems):
     tagged_steps = set()
     for binary in binaries:
         for name, outcome in run_tests(binary):
-            match = STEP_TAG.match(name)
-            if not match:
+            try:
+                k = conventions.test_step(name)
+            except conventions.ConventionError as error:
+                k, name = None, "%s (%s)" % (name, error)
+            if k is None:
                 fail(problems, "%s: test case '%s' has no [stepK] tag" % (os.path.basename(binary), name))
                 continue
-            k = int(match.group(1))
             tagged_steps.add(k)
             if k not in steps:
                 fail(problems, "test case '%s' names step %d, which the README does not list" % (name, k))
