@@ -4,7 +4,7 @@
 Run by //docs:pages (docs/site.bzl); every input is given on the command line:
 
   gen_pages.py --lessons lessons.json --csv DIR --mainpage docs/mainpage.md --plots docs/plots
-               [--recorded docs/results/x.csv ...] --out DIR
+               --readme README.md --maintainers docs/maintainers.md [--recorded docs/results/x.csv ...] --out DIR
 
 Writes into --out:
   mainpage.md                 docs/mainpage.md with the lesson table of lessons.json in place of @LESSON_TABLE@
@@ -12,6 +12,9 @@ Writes into --out:
                               a link to one answer; at the end the demo (its code, its plots, its tables from the
                               run), the checks by step and the reference solution's snippets
   results.md                  the summary of every demo run here (CPU) and the recorded GPU results
+  readme.md                   the repository's README.md as the quick-start page (id md_README), titled "Quick
+                              start" so that the side navigation does not show the course's title twice
+  maintainers.md              docs/maintainers.md, the maintainers' page (id maintainers)
   images/*.png                the plots (gnuplot, docs/plots/lessonN.gp)
 """
 import argparse
@@ -276,6 +279,8 @@ def main():
     parser.add_argument("--plots", required=True)
     parser.add_argument("--recorded", action="append", default=[])
     parser.add_argument("--bench", action="append", default=[])
+    parser.add_argument("--readme", required=True)
+    parser.add_argument("--maintainers", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -310,8 +315,25 @@ def main():
             die(str(error))
         write(os.path.join(args.out, lesson["dir"], "README.md"), page)
 
-    # The results page.
-    devices = sorted({row[-1] for row in summary[1] if row})
+    # The quick start (the README) and the maintainers' page.
+    readme = read(args.readme).splitlines()
+    if not readme or not readme[0].startswith("# "):
+        die("%s must start with a '# ' title" % args.readme)
+    write(os.path.join(args.out, "readme.md"),
+          "\n".join(["# Quick start and setup {#md_README}"] + [protect_quoted_spans(l) for l in readme[1:]]) + "\n")
+    maintainers = read(args.maintainers)
+    if "{#maintainers}" not in maintainers.splitlines()[0]:
+        die("%s must start with '# ... {#maintainers}'" % args.maintainers)
+    write(os.path.join(args.out, "maintainers.md"), "\n".join(protect_quoted_spans(l) if not l.startswith("    ") else l
+                                                              for l in maintainers.splitlines()) + "\n")
+
+    # The results page. A device column may add a note after the device's name ("AMD EPYC (2 threads), Gloo
+    # over loopback"): the page names each device once.
+    devices = []
+    for row in summary[1]:
+        name = row[-1].split(", ")[0] if row else ""
+        if name and name not in devices:
+            devices.append(name)
     page = ["# Results {#results}", "", "[TOC]", "",
             "Every number on this page comes from a real run of the lessons' demos on their reference solutions; "
             "nothing is typed in by hand. The first table is measured while this site is built, on the build "

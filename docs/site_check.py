@@ -76,9 +76,33 @@ def main():
         if not ok:
             print("FAIL: " + message)
 
-    required = ["index.html", "results.html", "md_README.html"] + ["lesson%d.html" % l["number"] for l in ready]
+    required = ["index.html", "results.html", "md_README.html", "maintainers.html"] + [
+        "lesson%d.html" % l["number"] for l in ready]
     for name in required:
         check(os.path.isfile(os.path.join(site, name)), "missing page " + name)
+
+    # The side navigation lists every page once, and only the main page carries the course's title.
+    navtree = os.path.join(site, "navtreedata.js")
+    if os.path.isfile(navtree):
+        text = open(navtree, encoding="utf-8").read()
+        root = re.search(r'^  \[ "([^"]*)"', text, re.M)
+        entries = re.findall(r'^    \[ "([^"]*)", "([^"#]*)"', text, re.M)
+        titles = [t for t, _ in entries]
+        check(len(set(titles)) == len(titles), "the side navigation lists an entry twice: %s" % titles)
+        check(root is not None and not any(t.startswith(root.group(1)) for t in titles),
+              "a page of the side navigation repeats the site's title: %s" % titles)
+        check(any(f == "maintainers.html" for _, f in entries), "the side navigation has no maintainers' page")
+    else:
+        check(False, "no navtreedata.js (GENERATE_TREEVIEW)")
+
+    # The subtitle does not count the lessons (or counts them right).
+    brief = re.search(r'id="projectbrief">([^<]*)<', open(os.path.join(site, "index.html"), encoding="utf-8").read()
+                      if os.path.isfile(os.path.join(site, "index.html")) else "")
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+    if brief:
+        counted = [w for w in words if re.search(r"\b%s\b" % w, brief.group(1), re.I)]
+        check(not counted or counted == [words[len(lessons) - 1]],
+              "the subtitle '%s' counts the lessons wrong (%d lessons)" % (brief.group(1), len(lessons)))
 
     output_tree = re.compile(r"bazel-out|k8-fastbuild|_2bin_2|execroot")
     leaks = []
@@ -177,6 +201,11 @@ def main():
                   "the main page does not link to lesson %d" % lesson["number"])
     if results is not None:
         check("Recorded GPU results" in results.flat, "results.html has no 'Recorded GPU results' section")
+        named = re.search(r"Device: (.*?) \(CPU\)", results.flat)
+        check(named is not None, "results.html does not name the build's device")
+        if named:
+            devices = named.group(1).split(", ")
+            check(len(set(devices)) == len(devices), "results.html names a device twice: %s" % named.group(1))
 
     print("%d passed, %d failed" % (checks["passed"], checks["failed"]))
     sys.exit(1 if checks["failed"] else 0)

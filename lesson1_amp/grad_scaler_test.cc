@@ -16,12 +16,15 @@
 #include "lesson1_amp/grad_scaler.h"
 #include "lesson1_amp/underflow_model.h"
 #include "common/compat/compat.h"
+#include "tests/check_helpers.h"
 
 using doctest::Contains;
 
 namespace {
 
 using amp::examples::UnderflowModel;
+using workshop::test::all_equal;
+using workshop::test::max_abs_diff;
 
 amp::GradScaler make_scaler(double init_scale, double growth = 2.0, double backoff = 0.5, int64_t interval = 2000,
                             amp::KernelPath kernels = amp::KernelPath::kAuto) {
@@ -48,31 +51,9 @@ struct Problem {
     y = torch::randn({32, 1}).to(device);
   }
   torch::Tensor loss() { return torch::mse_loss(model->forward(x), y); }
-  std::vector<torch::Tensor> grads() {
-    std::vector<torch::Tensor> out;
-    for (const auto& p : model->parameters()) out.push_back(p.grad().clone());
-    return out;
-  }
-  std::vector<torch::Tensor> params() {
-    std::vector<torch::Tensor> out;
-    for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
-    return out;
-  }
+  std::vector<torch::Tensor> grads() { return workshop::test::grads_of(model->parameters()); }
+  std::vector<torch::Tensor> params() { return workshop::test::values_of(model->parameters()); }
 };
-
-bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) return false;
-  }
-  return true;
-}
-
-double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  return worst;
-}
 
 // [underflow_run]
 struct UnderflowRun {

@@ -19,10 +19,13 @@
 #include "lesson1_amp/grad_scaler.h"
 #include "common/compat/compat.h"
 #include "lesson2_accumulation/accumulation.h"
+#include "tests/check_helpers.h"
 
 using doctest::Contains;
 
 namespace {
+
+using workshop::test::rel_error;
 
 // [problem]
 // A small MLP regression problem; the same seed gives the same weights and data.
@@ -48,28 +51,10 @@ struct Problem {
     torch::mse_loss(model->forward(x.narrow(0, begin, length)), y.narrow(0, begin, length)).backward();
     return grads();
   }
-  std::vector<torch::Tensor> grads() {
-    std::vector<torch::Tensor> out;
-    for (const auto& p : model->parameters()) out.push_back(p.grad().detach().clone());
-    return out;
-  }
-  std::vector<torch::Tensor> params() {
-    std::vector<torch::Tensor> out;
-    for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
-    return out;
-  }
+  std::vector<torch::Tensor> grads() { return workshop::test::grads_of(model->parameters()); }
+  std::vector<torch::Tensor> params() { return workshop::test::values_of(model->parameters()); }
 };
 // [problem]
-
-double rel_error(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).abs().max().item<double>());
-    scale = std::max(scale, b[i].abs().max().item<double>());
-  }
-  return diff / scale;
-}
 
 std::vector<torch::Tensor> minus(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   std::vector<torch::Tensor> out;

@@ -13,16 +13,16 @@ COPTS = [
 # compile time; an at:: function comes with its own <ATen/ops/NAME.h>. Same meaning in LibTorch 1.13 and 2.x.
 LEARNER_COPTS = COPTS + ["-DAT_PER_OPERATOR_HEADERS"]
 
-def lesson_test(name, src, impl, tags = [], size = "small"):
-    """A doctest check `name` built from `src` against the implementation library `impl`."""
+def lesson_test(name, src, impl, tags = [], size = "small", deps = []):
+    """A doctest check `name` built from `src` against the implementation library `impl` (plus `deps`, e.g.
+    //tests:check_helpers)."""
     native.cc_test(
         name = name,
         size = size,
         srcs = [src],
         copts = COPTS,
         tags = tags,
-        deps = [
-            impl,
+        deps = [impl] + deps + [
             "//tests:doctest_main",
             "//common/compat:compat",
             "@libtorch",
