@@ -261,6 +261,36 @@ def check_lesson(lesson, root, work, bazel_bin, only_steps, log):
     return findings
 
 
+# Files a change of which cannot change what a variant builds or how its checks run.
+NOT_BUILD_INPUTS = {"tools/debian13_check.sh", "tools/gpu_check.sh", "tools/loop_bench.sh", "tools/setup.sh",
+                    "tools/portable_bazel.sh", "tools/tour.py", "tools/progress_test.py", "tools/conventions_test.py",
+                    "tools/format_check.py"}
+
+
+def changed_lessons(root, lessons, rev, log):
+    """The lessons whose folder or solution folder changed since `rev` (committed or not); every lesson when
+    anything else that a build reads changed (common/, tests/, tools/, third_party/, BUILD files, rc files), or
+    when git does not know `rev`."""
+    diff = subprocess.run(["git", "-C", root, "diff", "--name-only", rev, "--"], capture_output=True, text=True)
+    if diff.returncode != 0:
+        log("step invariant: git does not know %s (%s): every lesson" % (rev, diff.stderr.strip()[:200]))
+        return lessons
+    changed = [f for f in diff.stdout.splitlines() if f]
+    own = {}
+    for lesson in lessons:
+        for prefix in (lesson["dir"] + "/", "solutions/%s/" % lesson["dir"]):
+            own[prefix] = lesson
+    shared = [f for f in changed if not any(f.startswith(p) for p in own) and not f.endswith(".md")
+              and not f.startswith(("docs/", "bench/", ".ci/", "tools/mutants/", ".clang-format"))
+              and f not in NOT_BUILD_INPUTS]
+    if shared:
+        log("step invariant: %s changed since %s: every lesson" % (shared[0], rev))
+        return lessons
+    picked = [l for l in lessons if any(f.startswith(p) and own[p] is l for f in changed for p in own)]
+    log("step invariant: changed since %s: lessons %s" % (rev, [l["number"] for l in picked] or "none"))
+    return picked
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lessons", required=True, help=argparse.SUPPRESS)
@@ -271,6 +301,9 @@ def main():
     parser.add_argument("--bazel", default=os.environ.get("BAZEL", "bazel"))
     parser.add_argument("--report", help="also write the findings to this file")
     parser.add_argument("--keep_server", action="store_true", help="do not shut the scratch Bazel server down")
+    parser.add_argument("--changed_since", metavar="REV",
+                        help="only the lessons whose files changed since git revision REV (all of them when a file "
+                             "outside the lessons' folders changed, or when REV is unknown)")
     args = parser.parse_args()
 
     root = os.path.abspath(args.root or os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd())
@@ -281,6 +314,8 @@ def main():
     if args.lesson:
         lessons = [l for l in lessons if l["number"] in args.lesson]
     only_steps = {int(s) for s in args.steps.split(",")} if args.steps else None
+    if args.changed_since:
+        lessons = changed_lessons(root, lessons, args.changed_since, print)
 
     def log(line):
         print(line, flush=True)
