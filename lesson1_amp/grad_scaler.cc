@@ -8,9 +8,9 @@
 #include <cmath>
 #include <string>
 
-#include <ATen/core/grad_mode.h>  // at::NoGradGuard
+#include <ATen/core/grad_mode.h>   // at::NoGradGuard
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, &, ...)
-#include <ATen/ops/full.h>  // at:: functions come one header each; add <ATen/ops/NAME.h> for others
+#include <ATen/ops/full.h>         // at:: functions come one header each; add <ATen/ops/NAME.h> for others
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>

@@ -78,8 +78,7 @@ AccumulationStats train_accumulated_amp(torch::optim::Optimizer& optimizer, amp:
 // [train_accumulated_amp]
 
 // [measure_memory]
-MemoryModel measure_memory(const std::function<void(int64_t)>& run, c10::Device device, int64_t small,
-                           int64_t large) {
+MemoryModel measure_memory(const std::function<void(int64_t)>& run, c10::Device device, int64_t small, int64_t large) {
   // TODO(lesson2, step 4): Require 0 < small < large. Call run(small) once unmeasured (gradients and
   // optimizer state appear at the first run and then stay). Then with one workshop::MemoryMeter(device):
   // reset(), run(m), peak_bytes() for m = small and m = large. bytes_per_item is the slope between the two

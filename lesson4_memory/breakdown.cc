@@ -4,7 +4,7 @@
 #include "lesson4_memory/breakdown.h"
 
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
-#include <ATen/core/grad_mode.h>  // at::NoGradGuard (the 2.x headers do not bring it in by accident)
+#include <ATen/core/grad_mode.h>   // at::NoGradGuard (the 2.x headers do not bring it in by accident)
 #include <torch/optim/optimizer.h>
 
 #include "common/memory_meter.h"

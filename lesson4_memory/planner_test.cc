@@ -153,7 +153,7 @@ TEST_CASE("[step4] with a made-up probe the planner returns the first candidate 
   const mem::Plan fifth = mem::plan_for_budget(996, 8, 32, probe);  // candidates 0..3 need 1000..997
   CHECK(same(fifth.recipe, recipes[4]));
   CHECK(fifth.peak_bytes == 996);
-  CHECK(fifth.probes == 6);  // the least-memory one, then candidates 0..4
+  CHECK(fifth.probes == 6);                                        // the least-memory one, then candidates 0..4
   const mem::Plan last = mem::plan_for_budget(985, 8, 32, probe);  // only the last candidate fits
   CHECK(same(last.recipe, recipes.back()));
   CHECK(last.peak_bytes == 985);

@@ -21,7 +21,8 @@ TEST_CASE("median refuses no values and NaN with a clear message") {
 }
 
 TEST_CASE("time_repeated reports the median of its samples") {
-  const auto t = workshop::time_repeated(c10::Device(c10::kCPU), [] {}, 0, 4);
+  const auto t = workshop::time_repeated(
+      c10::Device(c10::kCPU), [] {}, 0, 4);
   REQUIRE(t.samples_ms.size() == 4);
   CHECK(t.median_ms == workshop::median(t.samples_ms));
   CHECK(t.min_ms <= t.median_ms);

@@ -6,7 +6,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, &, ...)
-#include <ATen/ops/full.h>  // at:: functions come one header each; add <ATen/ops/NAME.h> for others
+#include <ATen/ops/full.h>         // at:: functions come one header each; add <ATen/ops/NAME.h> for others
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
@@ -57,8 +57,7 @@ GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
 // [scale]
 at::Tensor GradScaler::scale(const at::Tensor& loss) {
   TORCH_CHECK(loss.defined(), "GradScaler::scale: the loss is an undefined tensor");
-  TORCH_CHECK(loss.is_floating_point(), "GradScaler::scale: the loss must be floating point, got ",
-              loss.scalar_type());
+  TORCH_CHECK(loss.is_floating_point(), "GradScaler::scale: the loss must be floating point, got ", loss.scalar_type());
   if (!options_.enabled) return loss;
   if (!scale_.defined()) {
     const auto on_device = at::TensorOptions().device(loss.device());
@@ -92,7 +91,8 @@ void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found
 // [unscale]
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled) return;
-  TORCH_CHECK(scale_.defined(), "GradScaler::unscale_: called before scale(); run scaler.scale(loss).backward() "
+  TORCH_CHECK(scale_.defined(),
+              "GradScaler::unscale_: called before scale(); run scaler.scale(loss).backward() "
               "first in this iteration");
   PerOptimizer& state = per_optimizer_[&optimizer];
   TORCH_CHECK(state.stage != Stage::kUnscaled,
@@ -124,7 +124,8 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     optimizer.step();
     return true;
   }
-  TORCH_CHECK(scale_.defined(), "GradScaler::step: called before scale(); run scaler.scale(loss).backward() "
+  TORCH_CHECK(scale_.defined(),
+              "GradScaler::step: called before scale(); run scaler.scale(loss).backward() "
               "first in this iteration");
   PerOptimizer& state = per_optimizer_[&optimizer];
   TORCH_CHECK(state.stage != Stage::kStepped,
@@ -147,11 +148,11 @@ void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at:
               "update_scale_plain: growth_tracker must be a one-element int32 tensor");
   TORCH_CHECK(found_inf.numel() == 1, "update_scale_plain: found_inf must have one element");
   TORCH_CHECK(growth_interval > 0, "update_scale_plain: growth_interval must be > 0, got ", growth_interval);
-  const at::Tensor overflow = found_inf.ne(0);                      // [1] bool; NaN != 0 counts as overflow
-  const at::Tensor clean_steps = growth_tracker + 1;                // [1] int32
+  const at::Tensor overflow = found_inf.ne(0);        // [1] bool; NaN != 0 counts as overflow
+  const at::Tensor clean_steps = growth_tracker + 1;  // [1] int32
   const at::Tensor grow = clean_steps.eq(growth_interval) & overflow.logical_not();
   at::Tensor grown = scale * growth_factor;
-  grown = at::where(grown.isfinite(), grown, scale);               // never grow into inf
+  grown = at::where(grown.isfinite(), grown, scale);  // never grow into inf
   const at::Tensor new_scale = at::where(overflow, scale * backoff_factor, at::where(grow, grown, scale));
   const at::Tensor new_tracker = at::where(overflow | grow, at::zeros_like(clean_steps), clean_steps);
   scale.copy_(new_scale);
@@ -197,13 +198,18 @@ GradScalerState GradScaler::state_dict() const {
     none.enabled = false;  // a disabled scaler has no state to save
     return none;
   }
-  return GradScalerState{true, get_scale(), options_.growth_factor, options_.backoff_factor, options_.growth_interval,
+  return GradScalerState{true,
+                         get_scale(),
+                         options_.growth_factor,
+                         options_.backoff_factor,
+                         options_.growth_interval,
                          get_growth_tracker()};
 }
 
 void GradScaler::load_state_dict(const GradScalerState& state) {
   if (!options_.enabled) return;  // a pass-through has nothing to restore
-  TORCH_CHECK(state.enabled, "GradScaler::load_state_dict: the state was saved from a disabled scaler and holds no "
+  TORCH_CHECK(state.enabled,
+              "GradScaler::load_state_dict: the state was saved from a disabled scaler and holds no "
               "scale; loading it would reset this scaler's scale");
   check_options(state.scale, state.growth_factor, state.backoff_factor, state.growth_interval);
   TORCH_CHECK(state.growth_tracker >= 0 && state.growth_tracker < state.growth_interval,

@@ -32,7 +32,7 @@ MUTANTS = [
      "  for (size_t begin = 0; begin + k <= micro_batches.size(); begin += k) {\n    const size_t end = begin + k;",
      "the last partial window is dropped"),
     ("l2_zero_grad_after_window", L2,
-     "    optimizer.zero_grad();  // only at a window boundary\n    stats.window_losses.push_back(accumulate_window(slice(micro_batches, begin, end), loss_fn, options.normalization));\n    optimizer.step();       // once per window",
+     "    optimizer.zero_grad();                                         // only at a window boundary\n    stats.window_losses.push_back(accumulate_window(slice(micro_batches, begin, end), loss_fn, options.normalization));\n    optimizer.step();  // once per window",
      "    stats.window_losses.push_back(accumulate_window(slice(micro_batches, begin, end), loss_fn, options.normalization));\n    optimizer.step();       // once per window\n    optimizer.zero_grad();",
      "gradients are zeroed after the step instead of before the window (the first window adds onto old .grad)"),
     ("l2_amp_update_per_micro_batch", L2,
