@@ -13,7 +13,9 @@ How a variant is made: in each learner source that holds TODO(lessonN, step K) m
 version holds TODOs of steps <= K comes from solutions/<dir>/<same file>; every other unit stays as in the
 skeleton. Code outside the markers comes from the solution (helpers, includes); a TODO outside any marker pair is
 an error (it could not be spliced). K = the last step must give a variant that passes every check (a check on the
-splicing itself).
+splicing itself): when that variant is the reference solution byte for byte, which is what a complete set of
+markers gives, it is not rebuilt here, because the test command's //solutions/<dir>:all runs the same checks on
+the same code (--all_variants builds it anyway).
 
 The variants are built in a scratch copy of the workspace (default $TMPDIR/workshop-step-invariant, reused so
 that later runs are incremental; --work=DIR to choose) with its own Bazel server, which is shut down at the end;
@@ -194,7 +196,7 @@ def lesson_steps(lesson, root):
     return [s.number for s in conventions.read_steps(os.path.join(root, lesson["dir"], "README.md"))]
 
 
-def check_lesson(lesson, root, work, bazel_bin, only_steps, log):
+def check_lesson(lesson, root, work, bazel_bin, only_steps, log, all_variants=False):
     n, folder = lesson["number"], lesson["dir"]
     findings = []
     structure = []
@@ -222,9 +224,14 @@ def check_lesson(lesson, root, work, bazel_bin, only_steps, log):
         if only_steps and k not in only_steps:
             continue
         start = time.time()
+        texts = {f: variant(n, os.path.join(root, f), os.path.join(root, "solutions", f), k) for f in files}
+        if k == steps[-1] and not all_variants and all(texts[f] == read(os.path.join(root, "solutions", f))
+                                                        for f in files):
+            log("lesson %d K=%d: the variant is the reference solution itself, checked by //solutions/%s:all "
+                "in the test command: not rebuilt" % (n, k, folder))
+            continue
         for f in files:
-            text = variant(n, os.path.join(root, f), os.path.join(root, "solutions", f), k)
-            write_if_changed(os.path.join(work, f), text.encode("utf-8"))
+            write_if_changed(os.path.join(work, f), texts[f].encode("utf-8"))
         built = bazel(["build", "--color=no", "--curses=no", "--keep_going"] + targets, work, bazel_bin)
         if built.returncode != 0:
             errors = [l for l in (built.stdout + built.stderr).splitlines() if "error:" in l][:5]
@@ -301,6 +308,8 @@ def main():
     parser.add_argument("--bazel", default=os.environ.get("BAZEL", "bazel"))
     parser.add_argument("--report", help="also write the findings to this file")
     parser.add_argument("--keep_server", action="store_true", help="do not shut the scratch Bazel server down")
+    parser.add_argument("--all_variants", action="store_true",
+                        help="also build the last step's variant when it is the reference solution itself")
     parser.add_argument("--changed_since", metavar="REV",
                         help="only the lessons whose files changed since git revision REV (all of them when a file "
                              "outside the lessons' folders changed, or when REV is unknown)")
@@ -325,7 +334,7 @@ def main():
     findings = []
     try:
         for lesson in lessons:
-            findings += check_lesson(lesson, root, work, args.bazel, only_steps, log)
+            findings += check_lesson(lesson, root, work, args.bazel, only_steps, log, args.all_variants)
     finally:
         if not args.keep_server:
             bazel(["shutdown"], work, args.bazel)
