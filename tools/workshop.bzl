@@ -13,9 +13,40 @@ COPTS = [
 # compile time; an at:: function comes with its own <ATen/ops/NAME.h>. Same meaning in LibTorch 1.13 and 2.x.
 LEARNER_COPTS = COPTS + ["-DAT_PER_OPERATOR_HEADERS"]
 
-def lesson_test(name, src, impl, tags = [], size = "small", deps = []):
-    """A doctest check `name` built from `src` against the implementation library `impl` (plus `deps`, e.g.
-    //tests:check_helpers)."""
+def lesson_test(name, impl, src = None, checks = None, headers = None, tags = [], size = "small", deps = []):
+    """A doctest check `name` against the implementation library `impl`.
+
+    Three ways to give the checks:
+      src + headers  (in the lesson's package) compiles `src` once into the library `<name>_checks`, against
+                     the header-only targets `headers` (+ `deps`), and links it with `impl`;
+      checks         (in solutions/) links that `<name>_checks` library with `impl`: the checks of skeleton and
+                     solution are one object file, compiled once, not twice;
+      src alone      compiles `src` into the test itself (+ `deps`).
+    """
+    if checks and src:
+        fail("lesson_test %s: give src or checks, not both" % name)
+    if src and headers != None:
+        checks = ":%s_checks" % name
+        native.cc_library(
+            name = name + "_checks",
+            testonly = True,
+            srcs = [src],
+            copts = COPTS,
+            alwayslink = True,
+            deps = headers + deps + [
+                "//tests:doctest_main",
+                "//common/compat:compat",
+                "@libtorch",
+            ],
+        )
+    if checks:
+        native.cc_test(
+            name = name,
+            size = size,
+            tags = tags,
+            deps = [checks, impl, "//tests:doctest_main", "@libtorch"],
+        )
+        return
     native.cc_test(
         name = name,
         size = size,
