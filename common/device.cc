@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <thread>
 
@@ -72,13 +73,21 @@ Timing time_repeated(c10::Device device, const std::function<void()>& work, int 
     const auto stop = std::chrono::steady_clock::now();
     timing.samples_ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
   }
-  std::vector<double> sorted = timing.samples_ms;
-  std::sort(sorted.begin(), sorted.end());
-  timing.min_ms = sorted.front();
-  timing.max_ms = sorted.back();
-  const size_t n = sorted.size();
-  timing.median_ms = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  timing.min_ms = *std::min_element(timing.samples_ms.begin(), timing.samples_ms.end());
+  timing.max_ms = *std::max_element(timing.samples_ms.begin(), timing.samples_ms.end());
+  timing.median_ms = median(timing.samples_ms);
   return timing;
+}
+
+double median(std::vector<double> values) {
+  TORCH_CHECK(!values.empty(), "median: no values (empty vector)");
+  for (double v : values) TORCH_CHECK(!std::isnan(v), "median: the values hold a NaN");
+  const size_t n = values.size();
+  std::nth_element(values.begin(), values.begin() + n / 2, values.end());
+  const double upper = values[n / 2];
+  if (n % 2) return upper;
+  const double lower = *std::max_element(values.begin(), values.begin() + n / 2);
+  return 0.5 * (lower + upper);
 }
 
 }  // namespace workshop

@@ -21,6 +21,10 @@ std::string device_name(c10::Device device);
 /// Waits until all queued work on `device` is done (no-op on CPU).
 void synchronize(c10::Device device);
 
+/// The median of `values`: the middle value, or the mean of the two middle values for an even count (the
+/// workshop's one median; demos, checks and the bench use it). A clear error for no values or a NaN.
+double median(std::vector<double> values);
+
 /// Summary of repeated timings in milliseconds.
 struct Timing {
   double median_ms;

@@ -67,7 +67,8 @@ double Flags::get_double(const std::string& name, double fallback) const {
   return fallback;
 }
 
-Table::Table(std::string name, std::vector<std::string> columns) : name_(std::move(name)), columns_(std::move(columns)) {}
+Table::Table(std::string name, std::vector<std::string> columns)
+    : name_(std::move(name)), columns_(std::move(columns)) {}
 
 void Table::add(std::vector<std::string> cells) {
   TORCH_CHECK(cells.size() == columns_.size(), "Table ", name_, ": a row has ", cells.size(), " cells, expected ",

@@ -45,8 +45,8 @@ class Table {
 
 /// One line of the tour's summary: what a lesson measured, the baseline, the improved value, their ratio.
 struct SummaryRow {
-  std::string lesson;    ///< e.g. "1 mixed precision"
-  std::string measure;   ///< e.g. "step time (ms)"
+  std::string lesson;   ///< e.g. "1 mixed precision"
+  std::string measure;  ///< e.g. "step time (ms)"
   double baseline;
   double improved;
   std::string device;

@@ -40,6 +40,8 @@ def _site_pages_impl(ctx):
     args.add("--csv", ctx.file.csv.path)
     args.add("--mainpage", ctx.file.mainpage)
     args.add("--plots", ctx.file.plots_common.dirname)
+    args.add("--readme", ctx.file.readme)
+    args.add("--maintainers", ctx.file.maintainers)
     for f in ctx.files.recorded:
         args.add("--recorded", f)
     for f in ctx.files.bench:
@@ -48,7 +50,8 @@ def _site_pages_impl(ctx):
     ctx.actions.run_shell(
         outputs = [out],
         inputs = ctx.files.srcs + ctx.files.plots + ctx.files.recorded + ctx.files.bench +
-                 [ctx.file.generator, ctx.file.lessons, ctx.file.csv, ctx.file.mainpage, ctx.file.plots_common],
+                 [ctx.file.generator, ctx.file.lessons, ctx.file.csv, ctx.file.mainpage, ctx.file.plots_common,
+                  ctx.file.readme, ctx.file.maintainers],
         command = "python3 \"$@\"",
         arguments = [args],
         mnemonic = "SitePages",
@@ -65,6 +68,8 @@ site_pages = rule(
         "lessons": attr.label(allow_single_file = True, mandatory = True),
         "csv": attr.label(allow_single_file = True, mandatory = True, doc = "a demo_csv folder"),
         "mainpage": attr.label(allow_single_file = True, mandatory = True),
+        "readme": attr.label(allow_single_file = True, mandatory = True, doc = "the repository's README.md"),
+        "maintainers": attr.label(allow_single_file = True, mandatory = True, doc = "docs/maintainers.md"),
         "plots_common": attr.label(allow_single_file = True, mandatory = True, doc = "docs/plots/common.gp"),
         "plots": attr.label_list(allow_files = [".gp"]),
         "recorded": attr.label_list(allow_files = [".csv"], doc = "recorded GPU runs (docs/results/*.csv)"),

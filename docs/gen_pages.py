@@ -4,14 +4,17 @@
 Run by //docs:pages (docs/site.bzl); every input is given on the command line:
 
   gen_pages.py --lessons lessons.json --csv DIR --mainpage docs/mainpage.md --plots docs/plots
-               [--recorded docs/results/x.csv ...] --out DIR
+               --readme README.md --maintainers docs/maintainers.md [--recorded docs/results/x.csv ...] --out DIR
 
 Writes into --out:
   mainpage.md                 docs/mainpage.md with the lesson table of lessons.json in place of @LESSON_TABLE@
-  <lesson dir>/README.md      each ready lesson's README with: previous/next links; after every step its checks and
+  <lesson dir>/README.md      each lesson's README with: previous/next links; after every step its checks and
                               a link to one answer; at the end the demo (its code, its plots, its tables from the
                               run), the checks by step and the reference solution's snippets
   results.md                  the summary of every demo run here (CPU) and the recorded GPU results
+  readme.md                   the repository's README.md as the quick-start page (id md_README), titled "Quick
+                              start" so that the side navigation does not show the course's title twice
+  maintainers.md              docs/maintainers.md, the maintainers' page (id maintainers)
   images/*.png                the plots (gnuplot, docs/plots/lessonN.gp)
 """
 import argparse
@@ -23,10 +26,11 @@ import re
 import subprocess
 import sys
 
-STEP_HEADING = re.compile(r"^## Step (\d+)\b(.*?)(\{#([\w-]+)\})?\s*$")
+# The course's conventions (step headings, [stepK] names, // [tag] markers) are parsed by tools/conventions.py.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import conventions  # noqa: E402
+
 SNIPPET = re.compile(r"^\s*\\snippet\s+(\S+)\s+(\S+)\s*$")
-TEST_CASE = re.compile(r'^\s*(GPU_)?TEST_CASE\s*\(\s*"(\[step(\d+)\][^"]*)"')
-TAG = re.compile(r"^\s*// \[([\w-]+)\]\s*$")
 CODE_SPAN = re.compile(r"``.+?``|`[^`]*`")  # code spans, found left to right so that backticks pair up
 
 
@@ -129,29 +133,20 @@ def test_cases(lesson):
         if not name.endswith("_test.cc"):
             continue
         path = os.path.join(folder, name)
-        for number_, line in enumerate(read(path).splitlines(), 1):
-            m = TEST_CASE.match(line)
-            if m:
-                name = m.group(2) + (" — GPU only" if m.group(1) else "")
-                cases.setdefault(int(m.group(3)), []).append((name, path, number_))
+        for case, k, number_, gpu in conventions.test_cases(read(path), path):
+            if k is not None:
+                cases.setdefault(k, []).append((case + (" — GPU only" if gpu else ""), path, number_))
     return cases
 
 
 def tags(path):
     if not os.path.exists(path):
         return []
-    found = []
-    for line in read(path).splitlines():
-        m = TAG.match(line)
-        if m and m.group(1) not in found:
-            found.append(m.group(1))
-    return found
+    return conventions.marker_tags(read(path), path)
 
 
 def lesson_ref(lesson, arrow_left):
     label = "Lesson %d — %s" % (lesson["number"], lesson["title"])
-    if not lesson["ready"]:
-        return "%s (coming)" % label
     return "\\ref lesson%d \"%s%s%s\"" % (lesson["number"], "← " if arrow_left else "", label,
                                           "" if arrow_left else " →")
 
@@ -174,6 +169,8 @@ def process_lesson(lessons, i, csv_dir, images, summary):
     lines = read(os.path.join(folder, "README.md")).splitlines()
     if not lines or "{#lesson%d}" % n not in lines[0]:
         die("%s/README.md must start with '# Lesson %d — ... {#lesson%d}'" % (folder, n, n))
+    readme = os.path.join(folder, "README.md")
+    conventions.read_steps(readme)  # a malformed step heading stops the build (ConventionError)
     cases = test_cases(lesson)
     nav = navigation(lessons, i)
 
@@ -196,16 +193,16 @@ def process_lesson(lessons, i, csv_dir, images, summary):
         out.extend(["", text + ".", ""])
 
     generated_at = None
-    for line in lines[1:]:
+    for number_, line in enumerate(lines[1:], 2):
         if line.lstrip().startswith("```"):
             fenced = not fenced
         if not fenced and line.startswith("## "):
             close_step()
             step = None
-            m = STEP_HEADING.match(line)
-            if m:
-                step = int(m.group(1))
-                if not m.group(4):
+            heading = conventions.step_heading(line, "%s:%d" % (readme, number_))
+            if heading:
+                step = heading.number
+                if not heading.anchor:
                     line = line.rstrip() + " {#lesson%d_step%d}" % (n, step)
             elif line.startswith("## Next") and generated_at is None:
                 generated_at = len(out)
@@ -282,11 +279,13 @@ def main():
     parser.add_argument("--plots", required=True)
     parser.add_argument("--recorded", action="append", default=[])
     parser.add_argument("--bench", action="append", default=[])
+    parser.add_argument("--readme", required=True)
+    parser.add_argument("--maintainers", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
     lessons = json.loads(read(args.lessons))
-    ready = [l for l in lessons if l["ready"]]
+    ready = lessons
     images_dir = os.path.join(args.out, "images")
     os.makedirs(images_dir, exist_ok=True)
     csv_dir = os.path.abspath(args.csv)
@@ -302,7 +301,7 @@ def main():
     table = ["| lesson | you learn | you need |", "|--------|-----------|----------|"]
     for l in lessons:
         name = "%d. %s" % (l["number"], l["title"])
-        link = "\\ref lesson%d \"%s\"" % (l["number"], name) if l["ready"] else name + " (coming)"
+        link = "\\ref lesson%d \"%s\"" % (l["number"], name)
         table.append("| %s | %s | %s |" % (link, l["learn"], l["need"]))
     mainpage = read(args.mainpage)
     if "@LESSON_TABLE@" not in mainpage:
@@ -310,11 +309,31 @@ def main():
     write(os.path.join(args.out, "mainpage.md"), mainpage.replace("@LESSON_TABLE@", "\n".join(table)))
 
     for i, lesson in enumerate(lessons):
-        if lesson["ready"]:
-            write(os.path.join(args.out, lesson["dir"], "README.md"), process_lesson(lessons, i, csv_dir, images, summary))
+        try:
+            page = process_lesson(lessons, i, csv_dir, images, summary)
+        except conventions.ConventionError as error:
+            die(str(error))
+        write(os.path.join(args.out, lesson["dir"], "README.md"), page)
 
-    # The results page.
-    devices = sorted({row[-1] for row in summary[1] if row})
+    # The quick start (the README) and the maintainers' page.
+    readme = read(args.readme).splitlines()
+    if not readme or not readme[0].startswith("# "):
+        die("%s must start with a '# ' title" % args.readme)
+    write(os.path.join(args.out, "readme.md"),
+          "\n".join(["# Quick start and setup {#md_README}"] + [protect_quoted_spans(l) for l in readme[1:]]) + "\n")
+    maintainers = read(args.maintainers)
+    if "{#maintainers}" not in maintainers.splitlines()[0]:
+        die("%s must start with '# ... {#maintainers}'" % args.maintainers)
+    write(os.path.join(args.out, "maintainers.md"), "\n".join(protect_quoted_spans(l) if not l.startswith("    ") else l
+                                                              for l in maintainers.splitlines()) + "\n")
+
+    # The results page. A device column may add a note after the device's name ("AMD EPYC (2 threads), Gloo
+    # over loopback"): the page names each device once.
+    devices = []
+    for row in summary[1]:
+        name = row[-1].split(", ")[0] if row else ""
+        if name and name not in devices:
+            devices.append(name)
     page = ["# Results {#results}", "", "[TOC]", "",
             "Every number on this page comes from a real run of the lessons' demos on their reference solutions; "
             "nothing is typed in by hand. The first table is measured while this site is built, on the build "

@@ -3,11 +3,11 @@
 
   site_check.py SITE_DIR PAGES_DIR LESSONS_JSON      (run from the runfiles root: the sources are there)
 
-- the main page, the results page, the quick start and every ready lesson's page exist;
+- the main page, the results page, the quick start and every lesson's page exist;
 - every internal link (href/src) of every HTML file points at a file of the site, and its #anchor exists there;
 - every image is a non-empty file, and every plot a page asks for (\\image) is on that page;
 - every \\snippet of a lesson page is on the built page, character for character (whitespace aside);
-- every lesson page links to the previous and next ready lessons, the results page, and each step to its checks;
+- every lesson page links to the previous and next lessons, the results page, and each step to its checks;
 - no page's file name or text shows Bazel's output tree (bazel-out, k8-fastbuild, ...);
 - the pages use the doxygen-awesome theme (Debian's doxygen-awesome-css) with its dark-mode toggle and the copy
   buttons on code fragments.
@@ -20,9 +20,11 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import conventions  # noqa: E402  (step headings and // [tag] markers, as the generator reads them)
+
 SNIPPET = re.compile(r"^\s*\\snippet\s+(\S+)\s+(\S+)\s*$", re.M)
 IMAGE = re.compile(r"^\s*\\image\s+html\s+(\S+)", re.M)
-STEP = re.compile(r"^## Step (\d+)\b", re.M)
 
 
 class Page(html.parser.HTMLParser):
@@ -55,22 +57,18 @@ def parse(path):
 
 
 def snippet_text(path, tag):
-    lines, inside = [], False
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip() == "// [%s]" % tag:
-                if inside:
-                    return "\n".join(lines)
-                inside = True
-            elif inside:
-                lines.append(line.rstrip("\n"))
+        lines = f.read().splitlines()
+    for marker in conventions.markers(lines, path):
+        if marker.tag == tag:
+            return "\n".join(lines[marker.first + 1:marker.last])
     return None
 
 
 def main():
     site, pages_dir, lessons_json = sys.argv[1:4]
     lessons = json.load(open(lessons_json))
-    ready = [l for l in lessons if l["ready"]]
+    ready = lessons
     checks = {"passed": 0, "failed": 0}
 
     def check(ok, message):
@@ -78,9 +76,33 @@ def main():
         if not ok:
             print("FAIL: " + message)
 
-    required = ["index.html", "results.html", "md_README.html"] + ["lesson%d.html" % l["number"] for l in ready]
+    required = ["index.html", "results.html", "md_README.html", "maintainers.html"] + [
+        "lesson%d.html" % l["number"] for l in ready]
     for name in required:
         check(os.path.isfile(os.path.join(site, name)), "missing page " + name)
+
+    # The side navigation lists every page once, and only the main page carries the course's title.
+    navtree = os.path.join(site, "navtreedata.js")
+    if os.path.isfile(navtree):
+        text = open(navtree, encoding="utf-8").read()
+        root = re.search(r'^  \[ "([^"]*)"', text, re.M)
+        entries = re.findall(r'^    \[ "([^"]*)", "([^"#]*)"', text, re.M)
+        titles = [t for t, _ in entries]
+        check(len(set(titles)) == len(titles), "the side navigation lists an entry twice: %s" % titles)
+        check(root is not None and not any(t.startswith(root.group(1)) for t in titles),
+              "a page of the side navigation repeats the site's title: %s" % titles)
+        check(any(f == "maintainers.html" for _, f in entries), "the side navigation has no maintainers' page")
+    else:
+        check(False, "no navtreedata.js (GENERATE_TREEVIEW)")
+
+    # The subtitle does not count the lessons (or counts them right).
+    brief = re.search(r'id="projectbrief">([^<]*)<', open(os.path.join(site, "index.html"), encoding="utf-8").read()
+                      if os.path.isfile(os.path.join(site, "index.html")) else "")
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+    if brief:
+        counted = [w for w in words if re.search(r"\b%s\b" % w, brief.group(1), re.I)]
+        check(not counted or counted == [words[len(lessons) - 1]],
+              "the subtitle '%s' counts the lessons wrong (%d lessons)" % (brief.group(1), len(lessons)))
 
     output_tree = re.compile(r"bazel-out|k8-fastbuild|_2bin_2|execroot")
     leaks = []
@@ -142,8 +164,6 @@ def main():
 
     results = pages.get("results.html")
     for i, lesson in enumerate(lessons):
-        if not lesson["ready"]:
-            continue
         n = lesson["number"]
         page = pages.get("lesson%d.html" % n)
         source = open(os.path.join(pages_dir, lesson["dir"], "README.md"), encoding="utf-8").read()
@@ -165,11 +185,11 @@ def main():
                 check(image in results.images, "results.html does not show %s" % image)
         hrefs = " ".join(page.links)
         for other in (lessons[i - 1] if i > 0 else None, lessons[i + 1] if i + 1 < len(lessons) else None):
-            if other and other["ready"]:
+            if other:
                 check("lesson%d.html" % other["number"] in hrefs,
                       "lesson%d.html does not link to lesson %d" % (n, other["number"]))
         check("results.html" in hrefs, "lesson%d.html does not link to the results page" % n)
-        steps = sorted(set(int(k) for k in STEP.findall(source)))
+        steps = [s.number for s in conventions.read_steps(os.path.join(lesson["dir"], "README.md"))]
         check(len(steps) > 0, "lesson%d has no steps" % n)
         for k in steps:
             check("#lesson%d_checks_step%d" % (n, k) in hrefs, "lesson%d.html: step %d does not link to its checks" % (n, k))
@@ -181,6 +201,11 @@ def main():
                   "the main page does not link to lesson %d" % lesson["number"])
     if results is not None:
         check("Recorded GPU results" in results.flat, "results.html has no 'Recorded GPU results' section")
+        named = re.search(r"Device: (.*?) \(CPU\)", results.flat)
+        check(named is not None, "results.html does not name the build's device")
+        if named:
+            devices = named.group(1).split(", ")
+            check(len(set(devices)) == len(devices), "results.html names a device twice: %s" % named.group(1))
 
     print("%d passed, %d failed" % (checks["passed"], checks["failed"]))
     sys.exit(1 if checks["failed"] else 0)

@@ -15,8 +15,6 @@ double underflow_fraction(const at::Tensor& values, c10::ScalarType low_precisio
   // TODO(lesson1, step 1): Reject bad input with TORCH_CHECK (undefined or non-floating `values`, a
   // non-floating `low_precision`, no non-zero finite entry). Then cast `values` to `low_precision` and return
   // the fraction of the non-zero finite entries that became exactly 0.
-  (void)values;
-  (void)low_precision;
   TORCH_CHECK(false, "TODO(lesson1, step 1): underflow_fraction() is not implemented yet");
 }
 // [underflow_fraction]
@@ -39,8 +37,6 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool
   // (at::autocast::is_autocast_cache_enabled()), switch to the new state (the dtype first, then the enabled flag,
   // so that a failure never leaves autocast on with the wrong dtype), and count one more nesting level
   // (at::autocast::increment_nesting()).
-  (void)dtype;
-  (void)enabled;
   TORCH_CHECK(false, "TODO(lesson1, step 2): AutocastGuard is not implemented yet");
 }
 // [guard_enter]

@@ -68,8 +68,7 @@ TEST_CASE("[step1] underflow_fraction rejects input it cannot measure") {
   CHECK_THROWS_WITH_AS(amp::underflow_fraction(torch::tensor({1, 2, 3})), Contains("floating"), c10::Error);
   CHECK_THROWS_WITH_AS(amp::underflow_fraction(torch::zeros({4})), Contains("non-zero"), c10::Error);
   CHECK_THROWS_WITH_AS(amp::underflow_fraction(torch::Tensor()), Contains("undefined"), c10::Error);
-  CHECK_THROWS_WITH_AS(amp::underflow_fraction(torch::ones({2}), torch::kInt), Contains("low_precision"),
-                       c10::Error);
+  CHECK_THROWS_WITH_AS(amp::underflow_fraction(torch::ones({2}), torch::kInt), Contains("low_precision"), c10::Error);
 }
 
 TEST_CASE("[step2] inside an AutocastGuard a CPU matmul runs in bfloat16, outside in float32") {
@@ -198,8 +197,9 @@ TEST_CASE("[step2] the outermost guard clears the cache of 16-bit weight copies,
   const auto input = torch::randn({2, 4});
   const size_t weak_before = weight.weak_use_count();
   CAPTURE(weak_before);
-  INFO("weak_use_count() counts weak references to the weight; autocast's cache of its bfloat16 copy holds one "
-       "until the cache is cleared (at::autocast::clear_cache() when the outermost guard exits)");
+  INFO(
+      "weak_use_count() counts weak references to the weight; autocast's cache of its bfloat16 copy holds one "
+      "until the cache is cleared (at::autocast::clear_cache() when the outermost guard exits)");
   {
     amp::AutocastGuard outer(torch::kCPU);
     {
@@ -214,8 +214,7 @@ TEST_CASE("[step2] the outermost guard clears the cache of 16-bit weight copies,
 
 TEST_CASE("[step2] the guard rejects a device or dtype autocast cannot use, with a clear message") {
   CHECK_THROWS_WITH_AS(amp::AutocastGuard(torch::kCPU, torch::kFloat), Contains("float16 or bfloat16"), c10::Error);
-  CHECK_THROWS_WITH_AS(amp::AutocastGuard(torch::kCPU, torch::kDouble), Contains("float16 or bfloat16"),
-                       c10::Error);
+  CHECK_THROWS_WITH_AS(amp::AutocastGuard(torch::kCPU, torch::kDouble), Contains("float16 or bfloat16"), c10::Error);
   if (!workshop::compat::cpu_autocast_supports(torch::kHalf)) {
     CHECK_THROWS_WITH_AS(amp::AutocastGuard(torch::kCPU, torch::kHalf), Contains("bfloat16 only"), c10::Error);
   }
@@ -226,8 +225,7 @@ TEST_CASE("[step2] the guard rejects a device or dtype autocast cannot use, with
   {
     // Inside a working guard, a rejected one leaves the outer state (on, bfloat16) exactly as it was.
     amp::AutocastGuard outer(torch::kCPU, torch::kBFloat16);
-    CHECK_THROWS_WITH_AS(amp::AutocastGuard(torch::kCPU, torch::kFloat), Contains("float16 or bfloat16"),
-                         c10::Error);
+    CHECK_THROWS_WITH_AS(amp::AutocastGuard(torch::kCPU, torch::kFloat), Contains("float16 or bfloat16"), c10::Error);
     CHECK(cpu_autocast_on());
     CHECK(c10::toString(workshop::compat::autocast_dtype(torch::kCPU)) == std::string("BFloat16"));
   }

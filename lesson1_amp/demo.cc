@@ -67,9 +67,8 @@ SpeedResult run_speed(torch::Device device, bool use_amp, int64_t width, int64_t
 
   // [amp_step]
   auto step = [&] {
-    return amp::train_step(sgd, scaler, [&] {
-      return torch::mse_loss(model->forward(x).to(torch::kFloat), y);
-    }, options);
+    return amp::train_step(
+        sgd, scaler, [&] { return torch::mse_loss(model->forward(x).to(torch::kFloat), y); }, options);
   };
   // [amp_step]
 
@@ -78,7 +77,8 @@ SpeedResult run_speed(torch::Device device, bool use_amp, int64_t width, int64_t
   workshop::MemoryMeter meter(device);
   step();
   result.peak_bytes = meter.peak_bytes();
-  result.timing = workshop::time_repeated(device, [&] { step(); }, 2, steps);
+  result.timing = workshop::time_repeated(
+      device, [&] { step(); }, 2, steps);
   result.final_loss = step().loss.item<double>();
   return result;
 }
@@ -87,16 +87,17 @@ SpeedResult run_speed(torch::Device device, bool use_amp, int64_t width, int64_t
 
 int main(int argc, char** argv) {
   try {
-    workshop::Flags flags(argc, argv, {
-        {"device", "best (default), cpu, cuda or cuda:N"},
-        {"quick", "small sizes for a fast CPU run"},
-        {"steps", "timed steps per mode (default 20, quick 8)"},
-        {"underflow_steps", "training steps of part B (default 300)"},
-        {"width", "MLP width (default: 4096 on CUDA, 1024 on CPU, 256 quick)"},
-        {"depth", "MLP depth (default 8 on CUDA, 4 on CPU)"},
-        {"batch", "batch size (default: 8192 on CUDA, 512 on CPU, 128 quick)"},
-        {"csv_dir", "write the tables as CSV files and append summary.csv there"},
-    });
+    workshop::Flags flags(argc, argv,
+                          {
+                              {"device", "best (default), cpu, cuda or cuda:N"},
+                              {"quick", "small sizes for a fast CPU run"},
+                              {"steps", "timed steps per mode (default 20, quick 8)"},
+                              {"underflow_steps", "training steps of part B (default 300)"},
+                              {"width", "MLP width (default: 4096 on CUDA, 1024 on CPU, 256 quick)"},
+                              {"depth", "MLP depth (default 8 on CUDA, 4 on CPU)"},
+                              {"batch", "batch size (default: 8192 on CUDA, 512 on CPU, 128 quick)"},
+                              {"csv_dir", "write the tables as CSV files and append summary.csv there"},
+                          });
     const torch::Device device = workshop::parse_device(flags.get("device", "best"));
     const bool quick = flags.has("quick");
     const bool cuda = device.is_cuda();
@@ -173,37 +174,41 @@ int main(int argc, char** argv) {
     int skipped = 0;
     double zero_without = 0, zero_with = 0;
     for (int i = 0; i < underflow_steps; ++i) {
-      amp::train_step(adam_plain, no_scaler, [&] { return plain.loss(); }, manual_casts);
+      amp::train_step(
+          adam_plain, no_scaler, [&] { return plain.loss(); }, manual_casts);
       const double scale_used = scaler.get_scale();
-      const bool stepped = amp::train_step(adam_scaled, scaler, [&] { return scaled.loss(); }, manual_casts).stepped;
+      const bool stepped = amp::train_step(
+                               adam_scaled, scaler, [&] { return scaled.loss(); }, manual_casts)
+                               .stepped;
       if (i == 0) {
         zero_without = plain.w.grad().eq(0).to(torch::kFloat).mean().item<double>();
         zero_with = scaled.w.grad().eq(0).to(torch::kFloat).mean().item<double>();
       }
       skipped += stepped ? 0 : 1;
-      trace.add({std::to_string(i), fixed(plain.true_loss(), 6), fixed(scaled.true_loss(), 6),
-                 fixed(scale_used, 0), stepped ? "1" : "0"});
+      trace.add({std::to_string(i), fixed(plain.true_loss(), 6), fixed(scaled.true_loss(), 6), fixed(scale_used, 0),
+                 stepped ? "1" : "0"});
     }
     trace.emit(csv_dir, /*print=*/false);
     workshop::Table excerpt("lesson1_underflow (every 25th step; all steps in the CSV)", trace_columns);
     for (size_t i = 0; i < trace.rows().size(); i += 25) excerpt.add(trace.rows()[i]);
     excerpt.emit("");
-    workshop::Table underflow("lesson1_underflow_summary", {"run", "zero grads (step 1)", "initial loss",
-                                                            "final loss", "skipped steps", "final scale"});
+    workshop::Table underflow("lesson1_underflow_summary", {"run", "zero grads (step 1)", "initial loss", "final loss",
+                                                            "skipped steps", "final scale"});
     const double initial = UnderflowModel(device).true_loss();
-    underflow.add({"float16, no scaler", fixed(zero_without, 4), fixed(initial, 5), fixed(plain.true_loss(), 5),
-                   "0", "1"});
+    underflow.add(
+        {"float16, no scaler", fixed(zero_without, 4), fixed(initial, 5), fixed(plain.true_loss(), 5), "0", "1"});
     underflow.add({"float16 + GradScaler", fixed(zero_with, 4), fixed(initial, 5), fixed(scaled.true_loss(), 5),
                    std::to_string(skipped), fixed(scaler.get_scale(), 0)});
     underflow.emit(csv_dir);
 
     workshop::append_summary(csv_dir, {
-        {"1 mixed precision", "step time (ms), float32 vs " + amp_label, fp32.timing.median_ms,
-         mixed.timing.median_ms, name},
-        {"1 mixed precision", "peak MiB per step", fp32.peak_bytes / 1048576.0, mixed.peak_bytes / 1048576.0, name},
-        {"1 mixed precision", "tiny-gradient model loss, no scaler vs scaler", plain.true_loss(),
-         scaled.true_loss(), name},
-    });
+                                          {"1 mixed precision", "step time (ms), float32 vs " + amp_label,
+                                           fp32.timing.median_ms, mixed.timing.median_ms, name},
+                                          {"1 mixed precision", "peak MiB per step", fp32.peak_bytes / 1048576.0,
+                                           mixed.peak_bytes / 1048576.0, name},
+                                          {"1 mixed precision", "tiny-gradient model loss, no scaler vs scaler",
+                                           plain.true_loss(), scaled.true_loss(), name},
+                                      });
     return 0;
   } catch (const c10::Error& error) {
     std::cerr << "error: " << error.what_without_backtrace() << "\n";

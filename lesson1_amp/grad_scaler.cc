@@ -8,9 +8,9 @@
 #include <cmath>
 #include <string>
 
-#include <ATen/core/grad_mode.h>  // at::NoGradGuard
+#include <ATen/core/grad_mode.h>   // at::NoGradGuard
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, &, ...)
-#include <ATen/ops/full.h>  // at:: functions come one header each; add <ATen/ops/NAME.h> for others
+#include <ATen/ops/full.h>         // at:: functions come one header each; add <ATen/ops/NAME.h> for others
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
@@ -33,7 +33,6 @@ at::Tensor GradScaler::scale(const at::Tensor& loss) {
   // TODO(lesson1, step 3): Check the loss (defined, floating point). Disabled: return it unchanged.
   // At the first call create scale_ ([1] float32, init_scale) and growth_tracker_ ([1] int32,
   // init_growth_tracker_) on the loss's device. Return loss * scale_.
-  (void)loss;
   TORCH_CHECK(false, "TODO(lesson1, step 3): GradScaler::scale() is not implemented yet");
 }
 // [scale]
@@ -43,9 +42,6 @@ void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found
   // TODO(lesson1, step 4): For every gradient: if it holds an inf or NaN, set found_inf to 1 (hint:
   // isfinite(), all(), masked_fill_ — no .item(), keep it on the device); multiply it in place by inv_scale.
   // Record no autograd history while doing so (at::NoGradGuard, <ATen/core/grad_mode.h>).
-  (void)grads;
-  (void)found_inf;
-  (void)inv_scale;
   TORCH_CHECK(false, "TODO(lesson1, step 4): unscale_grads_plain() is not implemented yet");
 }
 // [unscale_plain]
@@ -57,7 +53,6 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   // (the master weights must stay float32); no gradient at all. Then found_inf = zeros({1}), inv_scale =
   // 1 / scale computed in float64 and rounded to float32, and unscale the gradients with the fused or the
   // plain function (use_fused()). Record found_inf and Stage::kUnscaled.
-  (void)optimizer;
   TORCH_CHECK(false, "TODO(lesson1, step 4): GradScaler::unscale_() is not implemented yet");
 }
 // [unscale]
@@ -68,7 +63,6 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   // step() already called on this optimizer since the last update(). Unscale if not done yet by calling
   // unscale_(optimizer) (a subclass may override it, as lesson 5 does); step the optimizer only if the recorded
   // found_inf is 0; record Stage::kStepped; return whether it stepped.
-  (void)optimizer;
   TORCH_CHECK(false, "TODO(lesson1, step 5): GradScaler::step() is not implemented yet");
 }
 // [step]
@@ -79,12 +73,6 @@ void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at:
   // TODO(lesson1, step 6): Overflow (found_inf != 0, NaN included): scale *= backoff_factor, tracker = 0.
   // Otherwise tracker + 1; when that equals growth_interval, scale *= growth_factor unless the result is inf,
   // and tracker = 0. Update both tensors in place (copy_ / fill_); at::where keeps it free of host syncs.
-  (void)scale;
-  (void)growth_tracker;
-  (void)found_inf;
-  (void)growth_factor;
-  (void)backoff_factor;
-  (void)growth_interval;
   TORCH_CHECK(false, "TODO(lesson1, step 6): update_scale_plain() is not implemented yet");
 }
 // [update_plain]
@@ -100,7 +88,6 @@ void GradScaler::update() {
 void GradScaler::update(double new_scale) {
   // TODO(lesson1, step 6): Disabled: do nothing. An error before scale() and for a new_scale that is not
   // finite and > 0; fill scale_ with new_scale (leave the tracker) and forget the per-optimizer states.
-  (void)new_scale;
   TORCH_CHECK(false, "TODO(lesson1, step 6): GradScaler::update(new_scale) is not implemented yet");
 }
 // [update]
@@ -116,7 +103,6 @@ void GradScaler::load_state_dict(const GradScalerState& state) {
   // TODO(lesson1, step 6): Disabled scaler: do nothing. An error for a state saved from a disabled scaler
   // (state.enabled false: "saved from a disabled scaler"); validate like the constructor (and
   // 0 <= growth_tracker < growth_interval); take the values; if scale_ already exists, fill it too.
-  (void)state;
   TORCH_CHECK(false, "TODO(lesson1, step 6): GradScaler::load_state_dict() is not implemented yet");
 }
 
@@ -129,10 +115,6 @@ StepResult train_step(torch::optim::Optimizer& optimizer, GradScaler& scaler,
   // options.dtype, options.autocast) scope — forward and loss only; backward on scaler.scale(loss) outside
   // it; if options.max_grad_norm > 0, unscale_ then clip_grad_norm_(optimizer, ...); scaler.step;
   // scaler.update; return the detached loss and whether the optimizer stepped.
-  (void)optimizer;
-  (void)scaler;
-  (void)forward_and_loss;
-  (void)options;
   TORCH_CHECK(false, "TODO(lesson1, step 7): train_step() is not implemented yet");
 }
 // [train_step]

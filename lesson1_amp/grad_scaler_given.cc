@@ -85,8 +85,10 @@ bool GradScaler::use_fused(c10::DeviceType device) const {
     case KernelPath::kPlain:
       return false;
     case KernelPath::kFused:
-      TORCH_CHECK(workshop::compat::has_fused_amp_kernels(device), "GradScaler: KernelPath::kFused requested, "
-                  "but this LibTorch has no fused AMP kernels for ", device);
+      TORCH_CHECK(workshop::compat::has_fused_amp_kernels(device),
+                  "GradScaler: KernelPath::kFused requested, "
+                  "but this LibTorch has no fused AMP kernels for ",
+                  device);
       return true;
     case KernelPath::kAuto:
     default:

@@ -16,12 +16,15 @@
 #include "lesson1_amp/grad_scaler.h"
 #include "lesson1_amp/underflow_model.h"
 #include "common/compat/compat.h"
+#include "tests/check_helpers.h"
 
 using doctest::Contains;
 
 namespace {
 
 using amp::examples::UnderflowModel;
+using workshop::test::all_equal;
+using workshop::test::max_abs_diff;
 
 amp::GradScaler make_scaler(double init_scale, double growth = 2.0, double backoff = 0.5, int64_t interval = 2000,
                             amp::KernelPath kernels = amp::KernelPath::kAuto) {
@@ -48,31 +51,9 @@ struct Problem {
     y = torch::randn({32, 1}).to(device);
   }
   torch::Tensor loss() { return torch::mse_loss(model->forward(x), y); }
-  std::vector<torch::Tensor> grads() {
-    std::vector<torch::Tensor> out;
-    for (const auto& p : model->parameters()) out.push_back(p.grad().clone());
-    return out;
-  }
-  std::vector<torch::Tensor> params() {
-    std::vector<torch::Tensor> out;
-    for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
-    return out;
-  }
+  std::vector<torch::Tensor> grads() { return workshop::test::grads_of(model->parameters()); }
+  std::vector<torch::Tensor> params() { return workshop::test::values_of(model->parameters()); }
 };
-
-bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) return false;
-  }
-  return true;
-}
-
-double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  return worst;
-}
 
 // [underflow_run]
 struct UnderflowRun {
@@ -94,7 +75,8 @@ UnderflowRun train_underflow_model(torch::Device device, bool scaling, amp::Kern
   step_options.autocast = false;  // the forward casts to float16 itself
   UnderflowRun run{-1, m.true_loss(), 0};
   for (int i = 0; i < steps; ++i) {
-    amp::train_step(adam, scaler, [&] { return m.loss(); }, step_options);
+    amp::train_step(
+        adam, scaler, [&] { return m.loss(); }, step_options);
     if (i == 0) run.first_zero_grad_fraction = m.w.grad().eq(0).to(torch::kFloat).mean().item<double>();
   }
   run.final_loss = m.true_loss();
@@ -147,7 +129,7 @@ TEST_CASE("[step3] with scaling, no 1e-9..2.9e-8 gradient underflows in float16 
   REQUIRE(amp::underflow_fraction(grads.to(torch::kFloat)) == 1.0);  // without scaling: all lost
   amp::GradScaler scaler;
   const auto scaled = scaler.scale(grads.to(torch::kFloat));  // what backward of the scaled loss produces
-  CHECK(amp::underflow_fraction(scaled) == 0.0);               // with scaling: none lost
+  CHECK(amp::underflow_fraction(scaled) == 0.0);              // with scaling: none lost
   const auto recovered = scaled.to(torch::kHalf).to(torch::kFloat) / scaler.get_scale();
   const double rel_error = ((recovered - grads).abs() / grads.abs()).max().item<double>();
   CAPTURE(rel_error);
@@ -249,7 +231,8 @@ TEST_CASE("[step5] unscale_ after step() in the same iteration gives a clear err
   CHECK_THROWS_WITH_AS(scaler.unscale_(sgd), Contains("after step"), c10::Error);
 }
 
-TEST_CASE("[step5] several optimizers on one scaler: each steps on its own unscaled gradients, an inf skips only its own") {
+TEST_CASE(
+    "[step5] several optimizers on one scaler: each steps on its own unscaled gradients, an inf skips only its own") {
   // As PyTorch's test_grad_scaling_multiple: two models, two optimizers, one scaler.
   Problem ref_a(torch::kCPU, 7), ref_b(torch::kCPU, 8), a(torch::kCPU, 7), b(torch::kCPU, 8);
   torch::optim::SGD ref_sgd_a(ref_a.model->parameters(), 0.1), ref_sgd_b(ref_b.model->parameters(), 0.1);
@@ -416,7 +399,8 @@ TEST_CASE("[step6] update_scale_plain follows the state machine: scale 4, growth
   CHECK(scale.item<float>() == 2.0f);
 }
 
-TEST_CASE("[step6] update_scale_plain is ATen's kernel: a NaN flag is an overflow, growth when the count equals the interval") {
+TEST_CASE(
+    "[step6] update_scale_plain is ATen's kernel: a NaN flag is an overflow, growth when the count equals the interval") {
   auto scale = torch::full({1}, 4.0f);
   auto tracker = torch::full({1}, 1, torch::kInt);
   amp::update_scale_plain(scale, tracker, torch::full({1}, NAN), 2.0, 0.25, 2);  // `if (found_inf)`: NaN is true
@@ -441,7 +425,7 @@ TEST_CASE("[step6] several optimizers on one scaler: an inf seen by any backs th
     int64_t tracker_after;
   };
   // clean (tracker 1), inf in a, inf in b, inf in both (one back-off, not two), clean, clean (growth).
-  const std::vector<Iteration> iterations{{false, false, 1024, 1}, {true, false, 512, 0}, {false, true, 256, 0},
+  const std::vector<Iteration> iterations{{false, false, 1024, 1}, {true, false, 512, 0},  {false, true, 256, 0},
                                           {true, true, 128, 0},    {false, false, 128, 1}, {false, false, 256, 0}};
   for (size_t i = 0; i < iterations.size(); ++i) {
     CAPTURE(i);
@@ -481,7 +465,7 @@ TEST_CASE("[step6] update(new_scale) sets the scale, keeps the growth tracker an
   scaler.update();     // tracker 2
   CHECK(scaler.get_scale() == 100.0);
   CHECK(iteration());
-  scaler.update();     // tracker 3 == interval: growth
+  scaler.update();  // tracker 3 == interval: growth
   CHECK(scaler.get_scale() == 200.0);
   CHECK(scaler.get_growth_tracker() == 0);
   scaler.update(8.0);  // no step needed before it
@@ -671,10 +655,10 @@ TEST_CASE("[step7] a model whose float16 gradients underflow does not learn with
   CAPTURE(without.final_loss);
   CAPTURE(with.final_loss);
   CAPTURE(with.first_zero_grad_fraction);
-  CHECK(without.first_zero_grad_fraction == 1.0);        // every gradient was lost in float16 ...
-  CHECK(without.final_loss == without.initial_loss);     // ... so the weights never moved
-  CHECK(with.first_zero_grad_fraction == 0.0);           // with scaling none was lost ...
-  CHECK(with.final_loss < 0.1 * with.initial_loss);      // ... and the model learned (10x lower loss)
+  CHECK(without.first_zero_grad_fraction == 1.0);     // every gradient was lost in float16 ...
+  CHECK(without.final_loss == without.initial_loss);  // ... so the weights never moved
+  CHECK(with.first_zero_grad_fraction == 0.0);        // with scaling none was lost ...
+  CHECK(with.final_loss < 0.1 * with.initial_loss);   // ... and the model learned (10x lower loss)
 }
 
 TEST_CASE("[step7] train_step runs forward and loss under autocast, backward outside, and trains like float32") {
@@ -686,11 +670,14 @@ TEST_CASE("[step7] train_step runs forward and loss under autocast, backward out
     options.autocast = autocast;
     for (int i = 0; i < 40; ++i) {
       torch::ScalarType forward_dtype = torch::kFloat;
-      const amp::StepResult result = amp::train_step(sgd, scaler, [&] {
-        auto out = problem.model->forward(problem.x);
-        forward_dtype = out.scalar_type();
-        return torch::mse_loss(out.to(torch::kFloat), problem.y);
-      }, options);
+      const amp::StepResult result = amp::train_step(
+          sgd, scaler,
+          [&] {
+            auto out = problem.model->forward(problem.x);
+            forward_dtype = out.scalar_type();
+            return torch::mse_loss(out.to(torch::kFloat), problem.y);
+          },
+          options);
       CHECK(result.stepped);
       CHECK(dtype_name(forward_dtype) == (autocast ? "BFloat16" : "Float"));
       CHECK_FALSE(workshop::compat::autocast_enabled(torch::kCPU));  // autocast ended with the forward
@@ -722,7 +709,9 @@ TEST_CASE("[step7] train_step with max_grad_norm clips the unscaled gradients") 
   amp::StepOptions options;
   options.autocast = false;
   options.max_grad_norm = 0.05;
-  CHECK(amp::train_step(sgd, scaler, [&] { return scaled.loss(); }, options).stepped);
+  CHECK(amp::train_step(
+            sgd, scaler, [&] { return scaled.loss(); }, options)
+            .stepped);
   CAPTURE(max_abs_diff(scaled.params(), reference.params()));
   CHECK(max_abs_diff(scaled.params(), reference.params()) <= 1e-6);
 }
@@ -740,7 +729,8 @@ TEST_CASE("[step7] train_step zeroes the gradients each time and returns the uns
     const auto ref_loss = reference.loss();
     ref_loss.backward();
     ref_sgd.step();
-    const amp::StepResult result = amp::train_step(sgd, scaler, [&] { return trained.loss(); }, options);
+    const amp::StepResult result = amp::train_step(
+        sgd, scaler, [&] { return trained.loss(); }, options);
     CHECK(result.stepped);
     CHECK(result.loss.item<double>() == doctest::Approx(ref_loss.item<double>()).epsilon(1e-6));
     CAPTURE(max_abs_diff(trained.params(), reference.params()));
@@ -826,8 +816,9 @@ GPU_TEST_CASE("[step7] on CUDA, float16 autocast training with the scaler matche
     options.autocast = amp_on;
     double last = 0;
     for (int i = 0; i < 100; ++i) {
-      last = amp::train_step(sgd, scaler, [&] { return torch::mse_loss(model->forward(x).to(torch::kFloat), y); },
-                             options).loss.item<double>();
+      last = amp::train_step(
+                 sgd, scaler, [&] { return torch::mse_loss(model->forward(x).to(torch::kFloat), y); }, options)
+                 .loss.item<double>();
     }
     return last;
   };

@@ -26,9 +26,6 @@ std::vector<MicroBatch> split_batch(const at::Tensor& input, const at::Tensor& t
   // batch, input and target with different item counts: say "mismatched sizes"). Then cut the batch into
   // MicroBatch{input.narrow(0, begin, length), target.narrow(...)} pieces of micro_batch_size items; the
   // last piece holds the remainder.
-  (void)input;
-  (void)target;
-  (void)micro_batch_size;
   TORCH_CHECK(false, "TODO(lesson2, step 1): split_batch() is not implemented yet");
 }
 // [split_batch]
@@ -41,9 +38,6 @@ at::Tensor accumulate_window(const std::vector<MicroBatch>& window, const LossFn
   // half a window in .grad. Get the weights from loss_weights(); for each micro-batch: loss = loss_fn(mb)
   // (check it is a scalar), (loss * weight).backward() right away. Return the sum of the weighted losses,
   // detached.
-  (void)window;
-  (void)loss_fn;
-  (void)normalization;
   TORCH_CHECK(false, "TODO(lesson2, step 1): accumulate_window() is not implemented yet");
 }
 // [accumulate_window]
@@ -54,10 +48,6 @@ AccumulationStats train_accumulated(torch::optim::Optimizer& optimizer, const st
   // TODO(lesson2, step 1): Reject K = options.accumulation_steps <= 0 and an empty micro_batches. For each
   // window of K consecutive micro-batches (the last one takes what is left): optimizer.zero_grad(),
   // accumulate_window(), optimizer.step(). Count windows, backward passes and steps; keep each window loss.
-  (void)optimizer;
-  (void)micro_batches;
-  (void)loss_fn;
-  (void)options;
   TORCH_CHECK(false, "TODO(lesson2, step 1): train_accumulated() is not implemented yet");
 }
 // [train_accumulated]
@@ -68,7 +58,6 @@ std::vector<double> loss_weights(const std::vector<int64_t>& items, Normalizatio
   // micro-batches), right only when all micro-batches hold the same number of items. Keep it for
   // Normalization::kMeanOfMeans; for kByItems weigh micro-batch i by items[i] / (sum of items). Reject an
   // empty window and item counts <= 0 with TORCH_CHECK.
-  (void)normalization;
   std::vector<double> weights;
   for (size_t i = 0; i < items.size(); ++i) weights.push_back(1.0 / static_cast<double>(items.size()));
   return weights;
@@ -84,27 +73,16 @@ AccumulationStats train_accumulated_amp(torch::optim::Optimizer& optimizer, amp:
   // scaler.scale(loss.to(at::kFloat) * weight) for every micro-batch; after the window: unscale_ and clip
   // (amp::clip_grad_norm_, given by lesson 1) when amp_options.max_grad_norm > 0, then scaler.step() (it may skip) and scaler.update() — once per
   // window, never inside it. Count skipped windows.
-  (void)optimizer;
-  (void)scaler;
-  (void)micro_batches;
-  (void)loss_fn;
-  (void)options;
-  (void)amp_options;
   TORCH_CHECK(false, "TODO(lesson2, step 3): train_accumulated_amp() is not implemented yet");
 }
 // [train_accumulated_amp]
 
 // [measure_memory]
-MemoryModel measure_memory(const std::function<void(int64_t)>& run, c10::Device device, int64_t small,
-                           int64_t large) {
+MemoryModel measure_memory(const std::function<void(int64_t)>& run, c10::Device device, int64_t small, int64_t large) {
   // TODO(lesson2, step 4): Require 0 < small < large. Call run(small) once unmeasured (gradients and
   // optimizer state appear at the first run and then stay). Then with one workshop::MemoryMeter(device):
   // reset(), run(m), peak_bytes() for m = small and m = large. bytes_per_item is the slope between the two
   // points, fixed_bytes the rest; an error if the peak shrank.
-  (void)run;
-  (void)device;
-  (void)small;
-  (void)large;
   TORCH_CHECK(false, "TODO(lesson2, step 4): measure_memory() is not implemented yet");
 }
 // [measure_memory]
@@ -115,9 +93,6 @@ Plan plan_micro_batch(const MemoryModel& model, int64_t effective_batch, double 
   // fixed_bytes + bytes_per_item (say "does not fit even one item"). The largest m that fits is
   // floor((budget - fixed) / per_item), at most effective_batch; K = ceil(effective_batch / m); then even
   // the micro-batches out: m = ceil(effective_batch / K). Fill in predicted_bytes for that m.
-  (void)model;
-  (void)effective_batch;
-  (void)budget_bytes;
   TORCH_CHECK(false, "TODO(lesson2, step 4): plan_micro_batch() is not implemented yet");
 }
 // [plan_micro_batch]

@@ -62,10 +62,10 @@ struct AccumulationOptions {
 
 /// What a pass over the micro-batches did.
 struct AccumulationStats {
-  int64_t windows = 0;          ///< windows of (at most) K micro-batches: ceil(N / K)
-  int64_t backward_passes = 0;  ///< micro-batches run forward and backward: N
-  int64_t optimizer_steps = 0;  ///< optimizer.step() calls: windows minus skipped_windows
-  int64_t skipped_windows = 0;  ///< windows whose step the gradient scaler skipped (inf/NaN gradients)
+  int64_t windows = 0;                    ///< windows of (at most) K micro-batches: ceil(N / K)
+  int64_t backward_passes = 0;            ///< micro-batches run forward and backward: N
+  int64_t optimizer_steps = 0;            ///< optimizer.step() calls: windows minus skipped_windows
+  int64_t skipped_windows = 0;            ///< windows whose step the gradient scaler skipped (inf/NaN gradients)
   std::vector<at::Tensor> window_losses;  ///< each window's loss, detached (weighted sum of the micro-losses)
 };
 
@@ -104,8 +104,7 @@ struct MemoryModel {
 /// Step 4. Measures the peak bytes of `run(m)` (one forward+backward of a micro-batch of m items) on `device`
 /// with workshop::MemoryMeter for m = small and m = large, and fits the line through the two points.
 /// Errors: 0 < small < large does not hold; a peak that shrinks as the micro-batch grows.
-MemoryModel measure_memory(const std::function<void(int64_t)>& run, c10::Device device, int64_t small,
-                           int64_t large);
+MemoryModel measure_memory(const std::function<void(int64_t)>& run, c10::Device device, int64_t small, int64_t large);
 
 /// What plan_micro_batch chose.
 struct Plan {

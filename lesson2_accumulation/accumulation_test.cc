@@ -19,10 +19,13 @@
 #include "lesson1_amp/grad_scaler.h"
 #include "common/compat/compat.h"
 #include "lesson2_accumulation/accumulation.h"
+#include "tests/check_helpers.h"
 
 using doctest::Contains;
 
 namespace {
+
+using workshop::test::rel_error;
 
 // [problem]
 // A small MLP regression problem; the same seed gives the same weights and data.
@@ -48,28 +51,10 @@ struct Problem {
     torch::mse_loss(model->forward(x.narrow(0, begin, length)), y.narrow(0, begin, length)).backward();
     return grads();
   }
-  std::vector<torch::Tensor> grads() {
-    std::vector<torch::Tensor> out;
-    for (const auto& p : model->parameters()) out.push_back(p.grad().detach().clone());
-    return out;
-  }
-  std::vector<torch::Tensor> params() {
-    std::vector<torch::Tensor> out;
-    for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
-    return out;
-  }
+  std::vector<torch::Tensor> grads() { return workshop::test::grads_of(model->parameters()); }
+  std::vector<torch::Tensor> params() { return workshop::test::values_of(model->parameters()); }
 };
 // [problem]
-
-double rel_error(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).abs().max().item<double>());
-    scale = std::max(scale, b[i].abs().max().item<double>());
-  }
-  return diff / scale;
-}
 
 std::vector<torch::Tensor> minus(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   std::vector<torch::Tensor> out;
@@ -97,7 +82,8 @@ class CountingSGD : public torch::optim::SGD {
 enum class Opt { kSgd, kAdam };
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt which, torch::nn::Sequential& model) {
-  if (which == Opt::kSgd) return std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+  if (which == Opt::kSgd)
+    return std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
   return std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(0.01));
 }
 
@@ -200,8 +186,8 @@ TEST_CASE("[step1] accumulated gradients of equal micro-batches equal the full-b
     CAPTURE(error);
     CHECK(error <= 1e-6);
     torch::NoGradGuard no_grad;
-    CHECK(loss.item<double>() == doctest::Approx(torch::mse_loss(problem.model->forward(problem.x), problem.y)
-                                                    .item<double>()).epsilon(1e-6));
+    CHECK(loss.item<double>() ==
+          doctest::Approx(torch::mse_loss(problem.model->forward(problem.x), problem.y).item<double>()).epsilon(1e-6));
   }
 }
 
@@ -239,8 +225,8 @@ TEST_CASE("[step1] the window losses are each window's mean loss") {
   torch::optim::SGD sgd(problem.model->parameters(), torch::optim::SGDOptions(0.0));
   accum::AccumulationOptions options;
   options.accumulation_steps = 3;
-  const auto stats = accum::train_accumulated(sgd, accum::split_batch(problem.x, problem.y, 4), problem.loss_fn(),
-                                              options);
+  const auto stats =
+      accum::train_accumulated(sgd, accum::split_batch(problem.x, problem.y, 4), problem.loss_fn(), options);
   check_window_losses(problem, stats, {12, 12, 12, 4});
 }
 
@@ -281,17 +267,18 @@ TEST_CASE("[step1] peak bytes while accumulating K micro-batches of m stay near 
   const int64_t m = 32, k = 32;
   WideProblem problem(m * k);
   torch::optim::SGD sgd(problem.model->parameters(), torch::optim::SGDOptions(0.01));
-  problem.peak_bytes(sgd, m, 1);                                // warm-up: gradients exist from here on
+  problem.peak_bytes(sgd, m, 1);                                  // warm-up: gradients exist from here on
   const int64_t one_micro_batch = problem.peak_bytes(sgd, m, 1);  // a step per micro-batch of m: no accumulation
-  const int64_t window_of_two = problem.peak_bytes(sgd, m, 2);  // windows of 2 micro-batches of m
-  const int64_t accumulated = problem.peak_bytes(sgd, m, k);   // K micro-batches of m, one step per window
-  const int64_t full_batch = problem.peak_bytes(sgd, m * k, 1);  // one batch of K*m
+  const int64_t window_of_two = problem.peak_bytes(sgd, m, 2);    // windows of 2 micro-batches of m
+  const int64_t accumulated = problem.peak_bytes(sgd, m, k);      // K micro-batches of m, one step per window
+  const int64_t full_batch = problem.peak_bytes(sgd, m * k, 1);   // one batch of K*m
   // Adding a micro-batch's gradient into .grad needs that gradient first: at most one set of gradient-sized
   // temporaries on top of one micro-batch's activations. Whether the single micro-batch already pays for them
   // depends on zero_grad(): LibTorch 1.13 zeroes the gradients in place (every backward then adds into them:
   // ~362 KB here), 2.x sets them to none (backward hands its result over without a copy: ~68 KB).
   int64_t gradient_bytes = 0;
-  for (const auto& p : problem.model->parameters()) gradient_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  for (const auto& p : problem.model->parameters())
+    gradient_bytes += p.numel() * static_cast<int64_t>(p.element_size());
   CAPTURE(one_micro_batch);
   CAPTURE(window_of_two);
   CAPTURE(accumulated);
@@ -438,10 +425,10 @@ TEST_CASE("[step2] per-token losses: weighting by MicroBatch::items equals the m
   // target[..., 0] is the value, target[..., 1] the mask (1 = a real token).
   torch::manual_seed(3);
   torch::nn::Linear model(4, 1);
-  const auto x = torch::randn({6, 5, 4});                                    // [sequences, tokens, features]
-  const auto lengths = torch::tensor({5, 1, 2, 5, 4, 1});                    // real tokens per sequence
+  const auto x = torch::randn({6, 5, 4});                  // [sequences, tokens, features]
+  const auto lengths = torch::tensor({5, 1, 2, 5, 4, 1});  // real tokens per sequence
   const auto mask = (torch::arange(5).unsqueeze(0) < lengths.unsqueeze(1)).to(torch::kFloat);  // [6, 5]
-  const auto target = torch::stack({torch::randn({6, 5}), mask}, 2);        // [6, 5, 2]
+  const auto target = torch::stack({torch::randn({6, 5}), mask}, 2);                           // [6, 5, 2]
   auto token_sum = [&](const torch::Tensor& input, const torch::Tensor& t) {
     const auto err = model->forward(input).squeeze(2) - t.select(2, 0);
     return (err * err * t.select(2, 1)).sum();
@@ -473,8 +460,8 @@ TEST_CASE("[step2] the window losses of uneven windows are the means over their 
   torch::optim::SGD sgd(problem.model->parameters(), torch::optim::SGDOptions(0.0));
   accum::AccumulationOptions options;
   options.accumulation_steps = 3;
-  const auto stats = accum::train_accumulated(sgd, accum::split_batch(problem.x, problem.y, 5), problem.loss_fn(),
-                                              options);
+  const auto stats =
+      accum::train_accumulated(sgd, accum::split_batch(problem.x, problem.y, 5), problem.loss_fn(), options);
   check_window_losses(problem, stats, {15, 8});
 }
 
@@ -512,7 +499,7 @@ TEST_CASE("[step3] the scale stays fixed inside a window and is updated once per
   Problem problem(24);
   torch::optim::SGD sgd(problem.model->parameters(), torch::optim::SGDOptions(0.1));
   amp::GradScaler scaler = make_scaler(1024.0, /*growth_interval=*/1);  // grows at every clean update
-  std::vector<double> seen;                                            // the scale each micro-batch saw
+  std::vector<double> seen;                                             // the scale each micro-batch saw
   const accum::LossFn loss_fn = [&](const accum::MicroBatch& mb) {
     seen.push_back(scaler.get_scale());
     return torch::mse_loss(problem.model->forward(mb.input), mb.target);
@@ -649,8 +636,8 @@ TEST_CASE("[step3] with bfloat16 autocast on CPU, accumulated AMP training track
   options.accumulation_steps = 4;
   amp::StepOptions bf16;  // CPU, bfloat16, autocast on
   const auto before = amp_run.params();
-  accum::train_accumulated_amp(amp_sgd, scaler, accum::split_batch(amp_run.x, amp_run.y, 4), amp_run.loss_fn(),
-                               options, bf16);
+  accum::train_accumulated_amp(amp_sgd, scaler, accum::split_batch(amp_run.x, amp_run.y, 4), amp_run.loss_fn(), options,
+                               bf16);
   accum::train_accumulated(fp32_sgd, accum::split_batch(fp32_run.x, fp32_run.y, 4), fp32_run.loss_fn(), options);
   const double error = rel_error(minus(amp_run.params(), before), minus(fp32_run.params(), before));
   CAPTURE(error);
@@ -701,7 +688,7 @@ TEST_CASE("[step4] measure_memory recovers the bytes of a known workload") {
   torch::Tensor keep;  // something that persists once created, like gradients: must not count as per-item
   const auto run = [&](int64_t m) {
     if (!keep.defined()) keep = torch::empty({1000});
-    const auto fixed = torch::empty({5000});         // 20000 bytes whatever m is
+    const auto fixed = torch::empty({5000});           // 20000 bytes whatever m is
     const auto activations = torch::empty({m, 1000});  // 4000 bytes per item
     (void)fixed;
     (void)activations;
@@ -714,8 +701,8 @@ TEST_CASE("[step4] measure_memory recovers the bytes of a known workload") {
 TEST_CASE("[step4] plan_micro_batch picks the largest micro-batch that fits and keeps the effective batch") {
   const accum::MemoryModel model{1000.0, 100.0};
   const auto tight = accum::plan_micro_batch(model, 64, 1000.0 + 100.0 * 20);  // room for 20 items
-  CHECK(tight.accumulation_steps == 4);                                           // ceil(64 / 20)
-  CHECK(tight.micro_batch == 16);                                                 // evened out: 4 x 16
+  CHECK(tight.accumulation_steps == 4);                                        // ceil(64 / 20)
+  CHECK(tight.micro_batch == 16);                                              // evened out: 4 x 16
   CHECK(tight.predicted_bytes == doctest::Approx(1000.0 + 100.0 * 16));
   const auto roomy = accum::plan_micro_batch(model, 64, 1e9);
   CHECK(roomy.micro_batch == 64);
@@ -766,8 +753,7 @@ TEST_CASE("[step4] bad input gets a clear error") {
   const accum::MemoryModel model{1000.0, 100.0};
   CHECK_THROWS_WITH_AS(accum::plan_micro_batch(model, 0, 1e6), Contains("effective_batch"), c10::Error);
   CHECK_THROWS_WITH_AS(accum::plan_micro_batch(model, 64, 0.0), Contains("budget_bytes"), c10::Error);
-  CHECK_THROWS_WITH_AS(accum::plan_micro_batch(model, 64, 1050.0), Contains("does not fit even one item"),
-                       c10::Error);
+  CHECK_THROWS_WITH_AS(accum::plan_micro_batch(model, 64, 1050.0), Contains("does not fit even one item"), c10::Error);
   const auto run = [](int64_t) {};
   CHECK_THROWS_WITH_AS(accum::measure_memory(run, torch::kCPU, 8, 8), Contains("small < large"), c10::Error);
   CHECK_THROWS_WITH_AS(accum::measure_memory(run, torch::kCPU, 0, 8), Contains("small < large"), c10::Error);

@@ -73,8 +73,8 @@ int main(int argc, char** argv) {
   // [demo_model]
 
   std::cout << "Lesson 2 — gradient accumulation on " << workshop::device_name(device) << "\n"
-            << "effective batch " << batch << " items, MLP 256-" << width << "-" << width << "-16, float32, "
-            << repeats << " timed repeats per row\n\n";
+            << "effective batch " << batch << " items, MLP 256-" << width << "-" << width << "-16, float32, " << repeats
+            << " timed repeats per row\n\n";
 
   auto run = [&](int64_t k) {
     accum::AccumulationOptions options;
@@ -102,7 +102,8 @@ int main(int argc, char** argv) {
       max_diff = std::max(max_diff, (accumulated[i] - full[i]).abs().max().item<double>());
       max_ref = std::max(max_ref, full[i].abs().max().item<double>());
     }
-    const workshop::Timing timing = workshop::time_repeated(device, [&] { run(k); }, 1, repeats);
+    const workshop::Timing timing = workshop::time_repeated(
+        device, [&] { run(k); }, 1, repeats);
     // [demo_measure]
     if (k == 1) peak_k1 = peak, ms_k1 = timing.median_ms;
     if (k == 16) peak_k16 = peak, ms_k16 = timing.median_ms;

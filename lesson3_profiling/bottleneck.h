@@ -107,12 +107,12 @@ class Trainer {
 
   TrainerOptions options_;
   c10::Device device_;
-  at::Tensor raw_;       // [samples, features] uint8, CPU
-  at::Tensor labels_;    // [samples] int64, CPU
+  at::Tensor raw_;                // [samples, features] uint8, CPU
+  at::Tensor labels_;             // [samples] int64, CPU
   at::Tensor w1_, b1_, w2_, b2_;  // parameters on device_, requires_grad
-  at::Tensor prepared_;  // [samples, features] float32 on device_: filled by prepare()
-  at::Tensor prepared_labels_;  // [samples] int64 on device_: filled by prepare()
-  at::Tensor loss_sum_;  // [] float32 on device_
+  at::Tensor prepared_;           // [samples, features] float32 on device_: filled by prepare()
+  at::Tensor prepared_labels_;    // [samples] int64 on device_: filled by prepare()
+  at::Tensor loss_sum_;           // [] float32 on device_
   int64_t steps_ = 0;
 };
 

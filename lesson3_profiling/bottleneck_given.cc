@@ -80,8 +80,8 @@ void Trainer::slow_step() {
     for (int64_t i = 0; i < options_.batch; ++i) {
       rows.push_back(raw_[start + i].to(at::kFloat).div(255).sub(mean).div(std).to(device_));
     }
-    x = at::stack(rows);                                          // [batch, features]
-    y = labels_.narrow(0, start, options_.batch).to(device_);     // [batch]
+    x = at::stack(rows);                                       // [batch, features]
+    y = labels_.narrow(0, start, options_.batch).to(device_);  // [batch]
   }
   at::Tensor loss;
   {

@@ -37,8 +37,8 @@ const prof::Finding* find(const std::vector<prof::Finding>& findings, prof::Prob
 std::string describe(const std::vector<prof::Finding>& findings) {
   std::string text;
   for (const auto& f : findings) {
-    text += prof::problem_name(f.problem) + " in " + f.phase + " (" + f.op + ", " +
-            std::to_string(f.calls_per_step) + "/step, share " + std::to_string(f.phase_share) + "); ";
+    text += prof::problem_name(f.problem) + " in " + f.phase + " (" + f.op + ", " + std::to_string(f.calls_per_step) +
+            "/step, share " + std::to_string(f.phase_share) + "); ";
   }
   return text;
 }
@@ -59,7 +59,7 @@ TEST_CASE("[step4] diagnose names the planted problems of the slow loop; the dat
   REQUIRE(sync != nullptr);
   CHECK(sync->phase == "phase:forward");  // the loss is read on the host there
   CHECK(sync->op == prof::kSyncOp);
-  CHECK(sync->calls_per_step == 1.0);     // exactly one .item() per step
+  CHECK(sync->calls_per_step == 1.0);  // exactly one .item() per step
 
   const auto* data = find(findings, prof::Problem::kDataInStep);
   REQUIRE(data != nullptr);
@@ -89,8 +89,8 @@ TEST_CASE("[step4] after the fix the data phase's share drops below 0.2 and noth
   CHECK(profile.calls(prof::kSyncOp) == 0);
   CHECK(findings.empty());
   // Every phase still ran once per step.
-  for (const auto phase : {prof::Phase::kData, prof::Phase::kForward, prof::Phase::kBackward,
-                           prof::Phase::kOptimizer}) {
+  for (const auto phase :
+       {prof::Phase::kData, prof::Phase::kForward, prof::Phase::kBackward, prof::Phase::kOptimizer}) {
     CAPTURE(prof::phase_label(phase));
     CHECK(profile.calls(prof::phase_label(phase)) == kSteps);
   }

@@ -32,7 +32,8 @@ std::vector<prof::Row> ops_only(const std::vector<prof::Row>& rows) {
     if (!prof::is_phase_label(r.name)) out.push_back(r);
   }
   // An op table reads best by self time: where the time is spent, not what encloses it.
-  std::stable_sort(out.begin(), out.end(), [](const prof::Row& a, const prof::Row& b) { return a.self_us > b.self_us; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const prof::Row& a, const prof::Row& b) { return a.self_us > b.self_us; });
   return out;
 }
 
@@ -72,10 +73,10 @@ int main(int argc, char** argv) {
     }
     std::cout << "Lesson 3 — profile the bottleneck\n"
               << "device: " << workshop::device_name(device) << "\n"
-              << "profiler: " << workshop::compat::profiler_backend() << ", NVTX ranges: "
-              << (workshop::compat::nvtx_available() ? "yes" : "no") << "\n"
-              << "model: " << options.features << " -> " << options.hidden << " -> " << options.classes
-              << ", batch " << options.batch << ", " << steps << " profiled steps per loop\n\n";
+              << "profiler: " << workshop::compat::profiler_backend()
+              << ", NVTX ranges: " << (workshop::compat::nvtx_available() ? "yes" : "no") << "\n"
+              << "model: " << options.features << " -> " << options.hidden << " -> " << options.classes << ", batch "
+              << options.batch << ", " << steps << " profiled steps per loop\n\n";
 
     // 1. Timing: the host clock alone versus the stopwatch, on the same work.
     {
@@ -129,8 +130,10 @@ int main(int argc, char** argv) {
               << "\n";
 
     // 4. Step time, unprofiled, side by side in one run.
-    const auto slow_time = prof::measure(device, [&] { slow.slow_step(); }, 2, repeats);
-    const auto fast_time = prof::measure(device, [&] { fast.fast_step(); }, 2, repeats);
+    const auto slow_time = prof::measure(
+        device, [&] { slow.slow_step(); }, 2, repeats);
+    const auto fast_time = prof::measure(
+        device, [&] { fast.fast_step(); }, 2, repeats);
     workshop::Table step_time("lesson3_step_time", {"loop", "median_ms", "min_ms", "max_ms", "data_step_share"});
     step_time.add({"slow", fixed(slow_time.median_ms, 3), fixed(slow_time.min_ms, 3), fixed(slow_time.max_ms, 3),
                    fixed(before.step_share(prof::Phase::kData), 3)});

@@ -19,7 +19,6 @@ void attribute(std::vector<Event>& events) {
   // order with one stack of open events per thread: pop the events that end before this one ends; the top is
   // the parent. Set parent, depth (stack size), self_us (total minus the children's totals) and phase (the
   // event itself if is_phase_label(), else the parent's phase, else "").
-  (void)events;
   TORCH_CHECK(false, "TODO(lesson3, step 3): attribute() is not implemented yet");
 }
 // [attribute]
@@ -37,7 +36,6 @@ void Profile::write_chrome_trace(const std::string& path) const {
   // TODO(lesson3, step 3): Open `path` (an error naming it if that fails) and write
   // {"traceEvents": [{"name": ..., "ph": "X", "ts": start_us, "dur": total_us(), "pid": 0, "tid": thread}, ...]}
   // with every name JSON-escaped (at least " and \ and control characters).
-  (void)path;
   TORCH_CHECK(false, "TODO(lesson3, step 3): Profile::write_chrome_trace() is not implemented yet");
 }
 // [trace]

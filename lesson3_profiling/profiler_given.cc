@@ -84,8 +84,8 @@ std::string Profile::format(size_t max_rows) const {
   width = std::min<size_t>(width, 60);
   std::ostringstream out;
   char line[256];
-  std::snprintf(line, sizeof line, "%-*s %8s %12s %12s %7s\n", static_cast<int>(width), "name", "calls",
-                "total (ms)", "self (ms)", "share");
+  std::snprintf(line, sizeof line, "%-*s %8s %12s %12s %7s\n", static_cast<int>(width), "name", "calls", "total (ms)",
+                "self (ms)", "share");
   out << line;
   for (size_t i = 0; i < rows.size() && i < max_rows; ++i) {
     const Row& r = rows[i];
@@ -107,8 +107,8 @@ double Profile::step_share(Phase phase) const {
   TORCH_CHECK(durations.count(label), "step_share: the profile has no ", label, " range");
   const size_t steps = durations[label].size();
   for (const auto& entry : durations) {
-    TORCH_CHECK(entry.second.size() == steps, "step_share: ", entry.first, " ran ", entry.second.size(),
-                " times but ", label, " ", steps, " times; profile whole steps");
+    TORCH_CHECK(entry.second.size() == steps, "step_share: ", entry.first, " ran ", entry.second.size(), " times but ",
+                label, " ", steps, " times; profile whole steps");
   }
   std::vector<double> shares;
   for (size_t k = 0; k < steps; ++k) {

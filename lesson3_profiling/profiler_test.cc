@@ -94,8 +94,8 @@ class JsonCheck {
   bool number() {
     const size_t start = i_;
     if (i_ < s_.size() && s_[i_] == '-') ++i_;
-    while (i_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[i_])) || s_[i_] == '.' ||
-                              s_[i_] == 'e' || s_[i_] == 'E' || s_[i_] == '+' || s_[i_] == '-')) {
+    while (i_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[i_])) || s_[i_] == '.' || s_[i_] == 'e' ||
+                              s_[i_] == 'E' || s_[i_] == '+' || s_[i_] == '-')) {
       ++i_;
     }
     return i_ > start;
@@ -259,7 +259,8 @@ TEST_CASE("[step3] the table has one row per name, sorted by total time, with sh
   }
 }
 
-TEST_CASE("[step3] attribute nests hand-made events by time: touching siblings, a child ending with its parent, two threads") {
+TEST_CASE(
+    "[step3] attribute nests hand-made events by time: touching siblings, a child ending with its parent, two threads") {
   auto event = [](const std::string& name, uint64_t thread, double start, double end) {
     prof::Event e;
     e.name = name;
@@ -269,9 +270,8 @@ TEST_CASE("[step3] attribute nests hand-made events by time: touching siblings, 
     return e;
   };
   // Sorted by start, as the recorder returns them.
-  std::vector<prof::Event> events{event("phase:forward", 1, 0, 10),  event("other_thread", 2, 1, 30),
-                                  event("mm", 1, 2, 10),             event("phase:backward", 1, 10, 20),
-                                  event("sub", 1, 12, 15)};
+  std::vector<prof::Event> events{event("phase:forward", 1, 0, 10), event("other_thread", 2, 1, 30),
+                                  event("mm", 1, 2, 10), event("phase:backward", 1, 10, 20), event("sub", 1, 12, 15)};
   prof::attribute(events);
   CHECK(events[0].parent == -1);
   CHECK(events[1].parent == -1);  // on another thread: never a child of thread 1's ranges
@@ -283,8 +283,8 @@ TEST_CASE("[step3] attribute nests hand-made events by time: touching siblings, 
   CHECK(events[3].depth == 0);
   CHECK(events[4].parent == 3);
   CHECK(events[4].phase == "phase:backward");
-  CHECK(events[0].self_us == doctest::Approx(2.0));   // 10 minus mm's 8
-  CHECK(events[3].self_us == doctest::Approx(7.0));   // 10 minus sub's 3
+  CHECK(events[0].self_us == doctest::Approx(2.0));  // 10 minus mm's 8
+  CHECK(events[3].self_us == doctest::Approx(7.0));  // 10 minus sub's 3
   CHECK(events[1].self_us == doctest::Approx(29.0));
 }
 

@@ -15,7 +15,6 @@ namespace prof {
 double median(std::vector<double> values) {
   // TODO(lesson3, step 1): Reject an empty vector (TORCH_CHECK, a message with "empty"). Sort the values and
   // return the middle one, or the mean of the two middle ones for an even count.
-  (void)values;
   TORCH_CHECK(false, "TODO(lesson3, step 1): median() is not implemented yet");
 }
 // [median]
@@ -39,10 +38,6 @@ Measurement measure(c10::Device device, const std::function<void()>& work, int w
   // TODO(lesson3, step 1): Check the arguments (messages naming "repeats", "warmup", "work"). Run `work`
   // `warmup` times untimed, then `repeats` times between a Stopwatch's start() and stop_ms(). Fill samples_ms,
   // min_ms, max_ms and median_ms.
-  (void)device;
-  (void)work;
-  (void)warmup;
-  (void)repeats;
   TORCH_CHECK(false, "TODO(lesson3, step 1): measure() is not implemented yet");
 }
 // [measure]

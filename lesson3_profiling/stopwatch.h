@@ -53,7 +53,6 @@ Measurement measure(c10::Device device, const std::function<void()>& work, int w
 
 /// Given (the mistake to avoid): like measure(), but reads the host clock around `work` without waiting for
 /// the device. On CUDA it reports the time to queue the work. Same argument checks as measure().
-Measurement measure_unsynchronized(c10::Device device, const std::function<void()>& work, int warmup,
-                                   int repeats);
+Measurement measure_unsynchronized(c10::Device device, const std::function<void()>& work, int warmup, int repeats);
 
 }  // namespace prof

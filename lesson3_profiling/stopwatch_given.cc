@@ -8,8 +8,7 @@
 
 namespace prof {
 
-Measurement measure_unsynchronized(c10::Device device, const std::function<void()>& work, int warmup,
-                                   int repeats) {
+Measurement measure_unsynchronized(c10::Device device, const std::function<void()>& work, int warmup, int repeats) {
   TORCH_CHECK(repeats >= 1, "measure_unsynchronized: repeats must be >= 1, got ", repeats);
   TORCH_CHECK(warmup >= 0, "measure_unsynchronized: warmup must be >= 0, got ", warmup);
   TORCH_CHECK(static_cast<bool>(work), "measure_unsynchronized: work is empty");

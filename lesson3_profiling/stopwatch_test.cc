@@ -20,7 +20,8 @@ TEST_CASE("[step1] median picks the middle value, or the mean of the two middle 
 
 TEST_CASE("[step1] measure runs the work warmup + repeats times and keeps one sample per repeat") {
   int calls = 0;
-  const auto m = prof::measure(c10::Device(c10::kCPU), [&] { ++calls; }, 2, 5);
+  const auto m = prof::measure(
+      c10::Device(c10::kCPU), [&] { ++calls; }, 2, 5);
   CHECK(calls == 7);
   REQUIRE(m.samples_ms.size() == 5);
   CAPTURE(m.min_ms);
@@ -47,8 +48,12 @@ TEST_CASE("[step1] the stopwatch measures at least the time the work surely take
 
 TEST_CASE("[step1] bad input to the stopwatch gets a clear error") {
   const c10::Device cpu(c10::kCPU);
-  CHECK_THROWS_WITH_AS(prof::measure(cpu, [] {}, 1, 0), Contains("repeats"), c10::Error);
-  CHECK_THROWS_WITH_AS(prof::measure(cpu, [] {}, -1, 3), Contains("warmup"), c10::Error);
+  CHECK_THROWS_WITH_AS(prof::measure(
+                           cpu, [] {}, 1, 0),
+                       Contains("repeats"), c10::Error);
+  CHECK_THROWS_WITH_AS(prof::measure(
+                           cpu, [] {}, -1, 3),
+                       Contains("warmup"), c10::Error);
   CHECK_THROWS_WITH_AS(prof::measure(cpu, std::function<void()>(), 1, 3), Contains("work"), c10::Error);
   prof::Stopwatch stopwatch(cpu);
   CHECK_THROWS_WITH_AS(stopwatch.stop_ms(), Contains("start"), c10::Error);

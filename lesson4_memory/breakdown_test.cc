@@ -22,14 +22,14 @@ mem::MlpSpec small_spec() {
 }
 
 constexpr int64_t kParamBytes = 8 * (64 * 64 + 64) * 4;  // 8 × (weight + bias) float32 = 133,120
-constexpr int64_t kActivation = 256 * 64 * 4;             // one [256, 64] float32 tensor = 65,536
+constexpr int64_t kActivation = 256 * 64 * 4;            // one [256, 64] float32 tensor = 65,536
 
 }  // namespace
 
 TEST_CASE("[step1] the meter measures a known allocation exactly, and bytes_of agrees") {
   workshop::MemoryMeter meter(torch::kCPU);
-  const auto a = torch::empty({1000, 25}, torch::kFloat);  // 100,000 bytes
-  const auto b = torch::empty({300}, torch::kDouble);      //   2,400 bytes
+  const auto a = torch::empty({1000, 25}, torch::kFloat);   // 100,000 bytes
+  const auto b = torch::empty({300}, torch::kDouble);       //   2,400 bytes
   const auto c = torch::empty({10, 10}, torch::kBFloat16);  //     200 bytes
   CHECK(meter.current_bytes() == 102600);
   CHECK(mem::bytes_of({a, b, c}) == 102600);
@@ -70,8 +70,7 @@ TEST_CASE("[step1] SGD keeps no state; SGD with momentum keeps one buffer per pa
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01));
   CHECK(mem::measure_breakdown(model->parameters(), sgd, loss_fn, torch::kCPU).optimizer_state == 0);
   torch::optim::SGD momentum(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  CHECK(mem::measure_breakdown(model->parameters(), momentum, loss_fn, torch::kCPU).optimizer_state ==
-        kParamBytes);
+  CHECK(mem::measure_breakdown(model->parameters(), momentum, loss_fn, torch::kCPU).optimizer_state == kParamBytes);
 }
 
 TEST_CASE("[step1] gradients set to none free their bytes at once; zeroing keeps them") {
@@ -116,11 +115,12 @@ TEST_CASE("[step1] bad input is rejected with a clear message") {
   auto model = mem::make_deep_mlp(spec, torch::kCPU);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01));
   const auto x = torch::ones({4, 64});
-  CHECK_THROWS_WITH_AS(mem::measure_breakdown({}, sgd, [&] { return model->forward(x).sum(); }, torch::kCPU),
+  CHECK_THROWS_WITH_AS(mem::measure_breakdown(
+                           {}, sgd, [&] { return model->forward(x).sum(); }, torch::kCPU),
                        Contains("no parameters"), c10::Error);
-  CHECK_THROWS_WITH_AS(
-      mem::measure_breakdown(model->parameters(), sgd, [&] { return x.sum(); }, torch::kCPU),
-      Contains("requires grad"), c10::Error);
+  CHECK_THROWS_WITH_AS(mem::measure_breakdown(
+                           model->parameters(), sgd, [&] { return x.sum(); }, torch::kCPU),
+                       Contains("requires grad"), c10::Error);
   CHECK_THROWS_WITH_AS(mem::evaluate_loss({}), Contains("empty"), c10::Error);
   CHECK_THROWS_WITH_AS(mem::evaluate_loss([&] { return x; }), Contains("one-element"), c10::Error);
   CHECK_THROWS_WITH_AS(mem::set_grads_to_none({torch::Tensor()}), Contains("undefined"), c10::Error);

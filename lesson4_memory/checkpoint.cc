@@ -24,7 +24,6 @@ RngState get_rng_state(int cuda_device) {
   // getDefaultCPUGenerator(); hold its mutex() while you read). If cuda_device >= 0: the same with
   // at::cuda::detail::getDefaultCUDAGenerator(cuda_device) inside #if WORKSHOP_HAS_CUDA (an error otherwise),
   // and remember cuda_device.
-  (void)cuda_device;
   TORCH_CHECK(false, "TODO(lesson4, step 2): get_rng_state() is not implemented yet");
 }
 // [get_rng_state]
@@ -33,7 +32,6 @@ RngState get_rng_state(int cuda_device) {
 void set_rng_state(const RngState& state) {
   // TODO(lesson4, step 2): Reject a state without a CPU part ("CPU"). set_state() the CPU generator (under its
   // mutex), and the CUDA one when state.cuda is defined.
-  (void)state;
   TORCH_CHECK(false, "TODO(lesson4, step 2): set_rng_state() is not implemented yet");
 }
 // [set_rng_state]
@@ -60,10 +58,6 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     // inputs, the RNG state (get_rng_state(cuda_device_of(...))) and current_autocast_state(). Run the
     // segment (reject an empty result: "returned no tensors"). save_for_backward(inputs then parameters),
     // put the state capsule in ctx->saved_data["state"], return the outputs.
-    (void)ctx;
-    (void)state;
-    (void)inputs;
-    (void)parameters;
     TORCH_CHECK(false, "TODO(lesson4, step 2): CheckpointFunction::forward() is not implemented yet");
   }
 
@@ -77,8 +71,6 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     // torch::autograd::grad(outputs that require grad, [inputs and parameters that require grad],
     // their grad_outputs, false, false, /*allow_unused=*/true). Return one slot per forward argument:
     // undefined for the state, then the inputs' gradients, then the parameters'.
-    (void)ctx;
-    (void)grad_outputs;
     TORCH_CHECK(false, "TODO(lesson4, step 2): CheckpointFunction::backward() is not implemented yet");
   }
 };
@@ -94,9 +86,6 @@ std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at:
   // the case where no input and no parameter requires grad ("requires grad"). Then
   // CheckpointFunction::apply(c10::make_intrusive<SegmentState>() holding the segment, at::TensorList(inputs),
   // at::TensorList(parameters)).
-  (void)segment;
-  (void)inputs;
-  (void)parameters;
   TORCH_CHECK(false, "TODO(lesson4, step 2): checkpoint() is not implemented yet");
 }
 // [checkpoint]

@@ -15,9 +15,6 @@ at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments,
   // one more. For each segment a Segment lambda runs its layers ((model.ptr()->begin() + j)->forward(h)).
   // Every segment but the last goes through checkpoint() with the parameters of its layers
   // (model->ptr(j)->parameters()); the last runs plainly. Return the final output.
-  (void)model;
-  (void)segments;
-  (void)input;
   TORCH_CHECK(false, "TODO(lesson4, step 3): checkpoint_sequential() is not implemented yet");
 }
 // [checkpoint_sequential]

@@ -10,28 +10,14 @@
 #include "lesson1_amp/autocast.h"
 #include "lesson4_memory/checkpoint.h"
 #include "lesson4_memory/workload.h"
+#include "tests/check_helpers.h"
 
 using doctest::Contains;
 
 namespace {
 
-// Largest absolute difference between two lists of gradients (all must be defined and of equal shape).
-double max_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    REQUIRE(a[i].defined());
-    REQUIRE(b[i].defined());
-    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  }
-  return worst;
-}
-
-std::vector<torch::Tensor> grads_of(const std::vector<torch::Tensor>& params) {
-  std::vector<torch::Tensor> grads;
-  for (const auto& p : params) grads.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
-  return grads;
-}
+using workshop::test::grads_of;
+using workshop::test::max_abs_diff;
 
 // Forward + backward of `model` on `x`, either plainly or through `forward`; returns the parameter gradients
 // followed by the input's gradient. The RNG is seeded the same way before each run.
@@ -88,10 +74,11 @@ TEST_CASE("[step2] checkpointed gradients equal plain ones (float32), without an
     const auto x = mem::make_batch(spec_of(4, 32, 64, dropout), torch::kCPU).first;
     const auto plain = gradients(model, x, [&](const torch::Tensor& in) { return model->forward(in); });
     const auto checkpointed = gradients(model, x, [&](const torch::Tensor& in) {
-      return mem::checkpoint([&](const std::vector<torch::Tensor>& v) { return std::vector<torch::Tensor>{model->forward(v[0])}; },
-                             {in}, model->parameters())[0];
+      return mem::checkpoint(
+          [&](const std::vector<torch::Tensor>& v) { return std::vector<torch::Tensor>{model->forward(v[0])}; }, {in},
+          model->parameters())[0];
     });
-    const double difference = max_difference(plain, checkpointed);
+    const double difference = max_abs_diff(plain, checkpointed);
     CAPTURE(difference);
     CHECK(difference <= 1e-6);
   }
@@ -103,8 +90,9 @@ TEST_CASE("[step2] backward leaves the random stream where a plain run would lea
   gradients(model, x, [&](const torch::Tensor& in) { return model->forward(in); });
   const auto after_plain = torch::rand({100});
   gradients(model, x, [&](const torch::Tensor& in) {
-    return mem::checkpoint([&](const std::vector<torch::Tensor>& v) { return std::vector<torch::Tensor>{model->forward(v[0])}; },
-                           {in}, model->parameters())[0];
+    return mem::checkpoint(
+        [&](const std::vector<torch::Tensor>& v) { return std::vector<torch::Tensor>{model->forward(v[0])}; }, {in},
+        model->parameters())[0];
   });
   const auto after_checkpointed = torch::rand({100});
   CHECK(torch::equal(after_plain, after_checkpointed));
@@ -116,8 +104,9 @@ TEST_CASE("[step2] a checkpointed segment keeps only its input and output until 
   const auto x = mem::make_batch(spec, torch::kCPU).first.requires_grad_(true);
   const int64_t activation = 256 * 64 * 4;
   workshop::MemoryMeter meter(torch::kCPU);
-  auto out = mem::checkpoint([&](const std::vector<torch::Tensor>& v) { return std::vector<torch::Tensor>{model->forward(v[0])}; },
-                             {x}, model->parameters())[0];
+  auto out = mem::checkpoint(
+      [&](const std::vector<torch::Tensor>& v) { return std::vector<torch::Tensor>{model->forward(v[0])}; }, {x},
+      model->parameters())[0];
   const int64_t kept = meter.current_bytes();
   CAPTURE(kept);
   CHECK(out.requires_grad());
@@ -155,10 +144,11 @@ TEST_CASE("[step2] under autocast, the recomputation runs in the forward's preci
   });
   const auto checkpointed = gradients(model, x, [&](const torch::Tensor& in) {
     amp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
-    return mem::checkpoint([&](const std::vector<torch::Tensor>& v) { return std::vector<torch::Tensor>{model->forward(v[0])}; },
-                           {in}, model->parameters())[0];
+    return mem::checkpoint(
+        [&](const std::vector<torch::Tensor>& v) { return std::vector<torch::Tensor>{model->forward(v[0])}; }, {in},
+        model->parameters())[0];
   });
-  const double difference = max_difference(plain, checkpointed);
+  const double difference = max_abs_diff(plain, checkpointed);
   CAPTURE(difference);
   CHECK(difference <= 1e-6);  // a float32 recomputation would differ by bfloat16's rounding, ~1e-3
 }
@@ -206,15 +196,16 @@ TEST_CASE("[step3] checkpoint_sequential gradients equal plain ones for 1, 2, 3 
   const auto plain = gradients(model, x, [&](const torch::Tensor& in) { return model->forward(in); });
   for (int64_t segments : {1, 2, 3, 8}) {
     CAPTURE(segments);
-    const auto checkpointed = gradients(
-        model, x, [&](const torch::Tensor& in) { return mem::checkpoint_sequential(model, segments, in); });
-    const double difference = max_difference(plain, checkpointed);
+    const auto checkpointed =
+        gradients(model, x, [&](const torch::Tensor& in) { return mem::checkpoint_sequential(model, segments, in); });
+    const double difference = max_abs_diff(plain, checkpointed);
     CAPTURE(difference);
     CHECK(difference <= 1e-6);
   }
 }
 
-TEST_CASE("[step3] after a backward over several checkpointed segments with dropout, the random stream is where a plain run leaves it") {
+TEST_CASE(
+    "[step3] after a backward over several checkpointed segments with dropout, the random stream is where a plain run leaves it") {
   auto model = mem::make_deep_mlp(spec_of(6, 32, 64, 0.5), torch::kCPU);
   const auto x = mem::make_batch(spec_of(6, 32, 64, 0.5), torch::kCPU).first;
   gradients(model, x, [&](const torch::Tensor& in) { return model->forward(in); });
@@ -284,7 +275,7 @@ GPU_TEST_CASE("[step3] on CUDA checkpointed gradients match and the peak ratio h
   const auto plain = gradients(model, x, [&](const torch::Tensor& in) { return model->forward(in); });
   const auto checkpointed =
       gradients(model, x, [&](const torch::Tensor& in) { return mem::checkpoint_sequential(model, 6, in); });
-  const double difference = max_difference(plain, checkpointed);
+  const double difference = max_abs_diff(plain, checkpointed);
   CAPTURE(difference);
   CHECK(difference <= 1e-5);  // same kernels, but cuBLAS may pick another algorithm for the recomputation
   const int64_t plain_peak = backward_peak(model, x, 0, cuda);

@@ -42,8 +42,9 @@ int run(int argc, char** argv) {
             << "device: " << workshop::device_name(device) << "\n"
             << "workload: " << spec.layers << "-layer MLP (Linear -> GELU), width " << spec.width << ", batch "
             << spec.batch << ", Adam; " << steps << " timed steps per recipe (median)\n"
-            << "memory: " << (cuda ? "CUDA caching-allocator statistics (allocated bytes)"
-                                   : "bytes counted by the counting CPU allocator")
+            << "memory: "
+            << (cuda ? "CUDA caching-allocator statistics (allocated bytes)"
+                     : "bytes counted by the counting CPU allocator")
             << "\n\n";
 
   struct Row {
@@ -54,8 +55,8 @@ int run(int argc, char** argv) {
                            {"checkpointed", {0, segments, false}},
                            {"+16-bit", {0, segments, true}},
                            {"+accumulation", {(spec.batch + 3) / 4, segments, true}}};
-  workshop::Table table("lesson4_memory", {"recipe", "settings", "step peak MiB", "total peak MiB",
-                                           "peak ratio", "step ms", "time vs plain %"});
+  workshop::Table table("lesson4_memory", {"recipe", "settings", "step peak MiB", "total peak MiB", "peak ratio",
+                                           "step ms", "time vs plain %"});
   mem::StepMemory plain{}, last{};
   for (const Row& row : rows) {
     const mem::StepMemory m = mem::measure_training(spec, row.recipe, device, steps);
@@ -85,16 +86,15 @@ int run(int argc, char** argv) {
     const mem::Plan plan = mem::plan_for_budget(budget, spec.batch, spec.layers, probe);
     const mem::StepMemory proof = mem::measure_training(spec, plan.recipe, device, 3);
     planner.add({workshop::fixed(budget / kMiB, 2), mem::describe(plan.recipe), std::to_string(plan.probes),
-                 workshop::fixed(proof.total_peak_bytes / kMiB, 2),
-                 proof.total_peak_bytes <= budget ? "yes" : "NO"});
+                 workshop::fixed(proof.total_peak_bytes / kMiB, 2), proof.total_peak_bytes <= budget ? "yes" : "NO"});
   } catch (const c10::Error& error) {
     planner.add({workshop::fixed(budget / kMiB, 2), error.what_without_backtrace(), "-", "-", "-"});
   }
   planner.emit(csv_dir);
 
-  workshop::append_summary(
-      csv_dir, {{"4 memory", "step peak (MiB), plain vs checkpointed + 16-bit + accumulation",
-                 plain.step_peak_bytes / kMiB, last.step_peak_bytes / kMiB, workshop::device_name(device)}});
+  workshop::append_summary(csv_dir, {{"4 memory", "step peak (MiB), plain vs checkpointed + 16-bit + accumulation",
+                                      plain.step_peak_bytes / kMiB, last.step_peak_bytes / kMiB,
+                                      workshop::device_name(device)}});
   return 0;
 }
 

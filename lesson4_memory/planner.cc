@@ -24,11 +24,6 @@ double train_step(torch::nn::Sequential& model, torch::optim::Optimizer& optimiz
   // with checkpoint_sequential(model, recipe.segments, chunk) under amp::AutocastGuard(device type,
   // bfloat16, recipe.low_precision); loss = mse_loss(out in float32, target chunk) * chunk rows / all rows;
   // let `out` die before backward; backward; add loss.item<double>() to the total. Then optimizer.step().
-  (void)model;
-  (void)optimizer;
-  (void)inputs;
-  (void)targets;
-  (void)recipe;
   TORCH_CHECK(false, "TODO(lesson4, step 4): train_step() is not implemented yet");
 }
 // [train_step]
@@ -39,8 +34,6 @@ std::vector<Recipe> candidate_recipes(int64_t batch, int64_t layers) {
   // layers >= 2 also clamp(round(sqrt(layers)), 2, layers). For divisor = 1, 2, 4, ...: micro =
   // ceil(batch / divisor) (store 0 when it is the whole batch); for each segment choice, float32 then
   // 16-bit. Stop after micro == 1.
-  (void)batch;
-  (void)layers;
   TORCH_CHECK(false, "TODO(lesson4, step 4): candidate_recipes() is not implemented yet");
 }
 // [candidate_recipes]
@@ -51,10 +44,6 @@ Plan plan_for_budget(int64_t budget_bytes, int64_t batch, int64_t layers, const 
   // Probe the last (least-memory) candidate first; if it is over budget, fail with "no recipe fits the
   // budget of <budget> bytes" and the smallest peak. Otherwise probe the others in order and return the
   // first that fits (with its peak and the number of probes); the last one if none before it does.
-  (void)budget_bytes;
-  (void)batch;
-  (void)layers;
-  (void)probe;
   TORCH_CHECK(false, "TODO(lesson4, step 4): plan_for_budget() is not implemented yet");
 }
 // [plan_for_budget]

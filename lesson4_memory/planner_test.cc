@@ -9,6 +9,7 @@
 #include "lesson4_memory/planner.h"
 #include "common/compat/compat.h"
 #include "lesson4_memory/workload.h"
+#include "tests/check_helpers.h"
 
 using doctest::Contains;
 
@@ -40,9 +41,7 @@ std::vector<torch::Tensor> step_gradients(const mem::MlpSpec& spec, const mem::R
   const auto batch = mem::make_batch(spec, torch::kCPU);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.0));  // lr 0: gradients only
   *loss = mem::train_step(model, sgd, batch.first, batch.second, r);
-  std::vector<torch::Tensor> grads;
-  for (const auto& p : model->parameters()) grads.push_back(p.grad());
-  return grads;
+  return workshop::test::grads_of(model->parameters());
 }
 
 // Step peaks of plain, checkpointed (6 segments) and combined (+ bfloat16 + micro-batches of `micro_batch`)
@@ -70,13 +69,7 @@ TEST_CASE("[step4] accumulating uneven micro-batches gives the full batch's grad
   double full_loss = 0, accumulated_loss = 0;
   const auto full = step_gradients(spec, recipe(0, 1, false), &full_loss);
   const auto accumulated = step_gradients(spec, recipe(64, 3, false), &accumulated_loss);  // 64+64+64+58 rows
-  REQUIRE(full.size() == accumulated.size());
-  double worst = 0;
-  for (size_t i = 0; i < full.size(); ++i) {
-    REQUIRE(full[i].defined());
-    REQUIRE(accumulated[i].defined());
-    worst = std::max(worst, ((full[i] - accumulated[i]).abs().max() / full[i].abs().max()).item<double>());
-  }
+  const double worst = workshop::test::rel_error(accumulated, full);
   CAPTURE(worst);
   CHECK(worst <= 1e-5);
   CHECK(accumulated_loss == doctest::Approx(full_loss).epsilon(1e-6));
@@ -88,15 +81,9 @@ TEST_CASE("[step4] each train_step starts from no gradients: two steps leave the
   const auto batch = mem::make_batch(spec, torch::kCPU);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.0));  // lr 0: the same gradients twice
   mem::train_step(model, sgd, batch.first, batch.second, recipe(16, 2, false));
-  std::vector<torch::Tensor> once;
-  for (const auto& p : model->parameters()) once.push_back(p.grad().clone());
+  const auto once = workshop::test::grads_of(model->parameters());
   mem::train_step(model, sgd, batch.first, batch.second, recipe(16, 2, false));
-  double worst = 0;
-  const auto params = model->parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    REQUIRE(params[i].grad().defined());
-    worst = std::max(worst, ((params[i].grad() - once[i]).abs().max() / once[i].abs().max()).item<double>());
-  }
+  const double worst = workshop::test::rel_error(workshop::test::grads_of(model->parameters()), once);
   CAPTURE(worst);
   CHECK(worst <= 1e-6);  // accumulating onto last step's gradients would double them
 }
@@ -166,7 +153,7 @@ TEST_CASE("[step4] with a made-up probe the planner returns the first candidate 
   const mem::Plan fifth = mem::plan_for_budget(996, 8, 32, probe);  // candidates 0..3 need 1000..997
   CHECK(same(fifth.recipe, recipes[4]));
   CHECK(fifth.peak_bytes == 996);
-  CHECK(fifth.probes == 6);  // the least-memory one, then candidates 0..4
+  CHECK(fifth.probes == 6);                                        // the least-memory one, then candidates 0..4
   const mem::Plan last = mem::plan_for_budget(985, 8, 32, probe);  // only the last candidate fits
   CHECK(same(last.recipe, recipes.back()));
   CHECK(last.peak_bytes == 985);

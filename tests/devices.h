@@ -25,6 +25,5 @@ std::vector<c10::Device> devices_present();
 /// A test case that needs a CUDA device. Where there is none, doctest counts it as skipped and the test
 /// binary prints the reason before running (tests/main.cc). Test-suite "gpu": run only these with
 /// --test-suite=gpu.
-#define GPU_TEST_CASE(name)                                   \
-  TEST_CASE(name * doctest::test_suite("gpu") *               \
-            doctest::skip(!::workshop::testing::cuda_usable()))
+#define GPU_TEST_CASE(name) \
+  TEST_CASE(name* doctest::test_suite("gpu") * doctest::skip(!::workshop::testing::cuda_usable()))

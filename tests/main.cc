@@ -70,8 +70,9 @@ bool has_option(int argc, char** argv, std::initializer_list<const char*> names)
 REGISTER_LISTENER("workshop_selection", 1, SelectionListener);
 
 int main(int argc, char** argv) {
-  const bool query = has_option(argc, argv, {"list-test-cases", "ltc", "list-test-suites", "lts", "count", "c", "help",
-                                             "h", "?", "version", "v", "list-reporters", "lr"});
+  const bool query = has_option(argc, argv,
+                                {"list-test-cases", "ltc", "list-test-suites", "lts", "count", "c", "help", "h", "?",
+                                 "version", "v", "list-reporters", "lr"});
   bool machine_readable = false;  // keep XML/JUnit output clean
   for (int i = 1; i < argc; ++i) {
     machine_readable |= std::strstr(argv[i], "xml") != nullptr || std::strstr(argv[i], "junit") != nullptr;
@@ -79,9 +80,8 @@ int main(int argc, char** argv) {
   const bool quiet = query || machine_readable;
   if (!quiet) {
     std::cout << "[workshop] LibTorch " << TORCH_VERSION << ", "
-              << (workshop::testing::cuda_usable()
-                      ? "CUDA devices: " + std::to_string(torch::cuda::device_count())
-                      : std::string("CPU only"))
+              << (workshop::testing::cuda_usable() ? "CUDA devices: " + std::to_string(torch::cuda::device_count())
+                                                   : std::string("CPU only"))
               << "\n";
     std::vector<const char*> gpu_cases;
     for (const auto& test : doctest::detail::getRegisteredTests()) {
@@ -94,8 +94,8 @@ int main(int argc, char** argv) {
       }
     }
     if (!gpu_cases.empty()) {
-      std::cout << "[workshop] " << gpu_cases.size() << " GPU case(s) SKIPPED here: "
-                << workshop::testing::gpu_skip_reason() << "\n";
+      std::cout << "[workshop] " << gpu_cases.size()
+                << " GPU case(s) SKIPPED here: " << workshop::testing::gpu_skip_reason() << "\n";
       for (const char* name : gpu_cases) std::cout << "           - " << name << "\n";
     }
   }

@@ -7,6 +7,8 @@
 #                                                #       bazel build --config=cuda_link_check -- //... -//docs/...
 #
 # Options: --uncommitted  also take the uncommitted changes to tracked files (git stash create), not only HEAD.
+#          --prepare      only make the root ready (debootstrap, packages); no Bazel. .ci/run does this in the
+#                         background while the host builds, so that the downloads are off the critical path.
 #          -- ARGS         replace the Bazel command's targets/flags (e.g. -- //lesson2_accumulation/...).
 # Environment: DEBIAN13_CACHE (default /var/cache/torch-perf-workshop) holds the roots between runs:
 #   trixie-base/ (debootstrap minbase), trixie-cpu/ and trixie-cuda/ (copies of it with the packages and Bazel's
@@ -19,13 +21,15 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cache=${DEBIAN13_CACHE:-/var/cache/torch-perf-workshop}
 variant=cpu
 uncommitted=0
+prepare_only=0
 bazel_args=()
 while (($#)); do
   case $1 in
     --cuda) variant=cuda ;;
     --uncommitted) uncommitted=1 ;;
+    --prepare) prepare_only=1 ;;
     --) shift; bazel_args=("$@"); break ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "debian13_check: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -153,6 +157,10 @@ else
 fi
 in_root 'dpkg-query -W -f="\${Package} \${Version}\n" libtorch-dev libtorch-cuda-dev nvidia-cuda-dev bazel-bootstrap doctest-dev g++ 2>/dev/null' | sed 's/^/  /'
 touch "$root/.workshop-ready"
+if ((prepare_only)); then
+  phase "done: the root is prepared (--prepare: no build)"
+  exit 0
+fi
 
 # ---- the build -------------------------------------------------------------------------------------------------
 if ((${#bazel_args[@]} == 0)); then

@@ -1,6 +1,6 @@
 """The course, in order: the ONE list that the docs site (//docs:site), //:tour and //:progress read.
 
-Adding a lesson: set `ready = True` on its entry and list its learner checks in `tests`. Its folder must then
+Adding a lesson: add its entry here, with its learner checks in `tests`. Its folder must then
 have README.md (a Doxygen page with `{#lessonN}` and "## Step K" headings), a `sources` filegroup, a `demo`
 binary (on the reference solution, flags --quick --device --csv_dir) and the test targets named in `tests`.
 Optionally docs/plots/lessonN.gp turns the demo's CSV files into the lesson's charts.
@@ -14,7 +14,6 @@ LESSONS = [
         learn = "autocast, float16 vs bfloat16, a gradient scaler, the AMP training step",
         need = "CPU; a GPU shows the speed-up",
         tests = ["autocast_test", "grad_scaler_test"],
-        ready = True,
     ),
     struct(
         number = 2,
@@ -23,7 +22,6 @@ LESSONS = [
         learn = "large effective batches from small ones; correct loss normalisation; a micro-batch for a memory budget",
         need = "CPU; GPU optional",
         tests = ["accumulation_test"],
-        ready = True,
     ),
     struct(
         number = 3,
@@ -32,7 +30,6 @@ LESSONS = [
         learn = "honest timing, named phases, an op table, finding the bottleneck",
         need = "CPU; GPU optional",
         tests = ["stopwatch_test", "phases_test", "profiler_test", "bottleneck_test"],
-        ready = True,
     ),
     struct(
         number = 4,
@@ -41,7 +38,6 @@ LESSONS = [
         learn = "where the bytes go, activation checkpointing, a memory planner",
         need = "CPU; GPU optional",
         tests = ["breakdown_test", "checkpoint_test", "planner_test"],
-        ready = True,
     ),
     struct(
         number = 5,
@@ -50,19 +46,16 @@ LESSONS = [
         learn = "all-reduce on c10d (Gloo/NCCL), buckets, overlap with backward, no_sync, ZeRO-1 sharded state",
         need = "CPU (ranks on loopback); several GPUs for NCCL",
         tests = ["ddp_test"],
-        ready = True,
     ),
 ]
 
-READY = [lesson for lesson in LESSONS if lesson.ready]
-
 def lesson_labels(suffix, prefix = ""):
-    """`//<prefix><dir>:<suffix>` for every ready lesson, e.g. lesson_labels("demo")."""
-    return ["//%s%s:%s" % (prefix, lesson.dir, suffix) for lesson in READY]
+    """`//<prefix><dir>:<suffix>` for every lesson, e.g. lesson_labels("demo")."""
+    return ["//%s%s:%s" % (prefix, lesson.dir, suffix) for lesson in LESSONS]
 
 def lesson_test_labels():
-    """The learner checks of every ready lesson (tagged "exercise" in the lessons' BUILD files)."""
-    return ["//%s:%s" % (lesson.dir, test) for lesson in READY for test in lesson.tests]
+    """The learner checks of every lesson (tagged "exercise" in the lessons' BUILD files)."""
+    return ["//%s:%s" % (lesson.dir, test) for lesson in LESSONS for test in lesson.tests]
 
 def _lessons_json_impl(ctx):
     out = ctx.actions.declare_file(ctx.label.name + ".json")

@@ -24,8 +24,10 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import conventions  # noqa: E402  (step headings, [stepK] tags, TODO markers, hints)
+
 COMPILER_ERROR = re.compile(r"^([^\s:]+\.(?:cc|h|cpp|hpp)):(\d+):(?:(\d+):)? (?:fatal )?error: (.*)$")
-STEP_HEADING = re.compile(r"^## Step (\d+)\s*[—-]?\s*(.*?)\s*(\{#[\w-]+\})?\s*$")
 
 
 def read(path):
@@ -144,12 +146,8 @@ def first_failure(case, where):
 
 
 def steps_of(lesson, root):
-    steps = {}
-    for line in read(os.path.join(root, lesson["dir"], "README.md")).splitlines():
-        m = STEP_HEADING.match(line)
-        if m:
-            steps[int(m.group(1))] = m.group(2)
-    return steps
+    """{K: title} of the lesson page's steps (ConventionError for a malformed step heading)."""
+    return {s.number: s.title for s in conventions.read_steps(os.path.join(root, lesson["dir"], "README.md"))}
 
 
 def todos(lesson, root, step):
@@ -160,32 +158,18 @@ def todos(lesson, root, step):
     for name in sorted(os.listdir(folder)):
         if not name.endswith((".cc", ".h")) or name.endswith("_test.cc") or name == "demo.cc":
             continue
-        for number, line in enumerate(read(os.path.join(folder, name)).splitlines(), 1):
-            if marker in line and line.strip().startswith("//"):  # the comment, not the TORCH_CHECK
+        path = os.path.join(folder, name)
+        lines = read(path).splitlines()
+        for number, k in conventions.todos("\n".join(lines), lesson["number"], path):
+            line = lines[number - 1]
+            if k == step and marker in line and line.strip().startswith("//"):  # the comment, not the TORCH_CHECK
                 found.append(("%s/%s:%d" % (lesson["dir"], name, number), line.strip().lstrip("/ ")))
     return found
 
 
 def hints(lesson, root, step):
     """The bullets starting '- Step K:' of the README's Hints section (with their continuation lines)."""
-    lines = read(os.path.join(root, lesson["dir"], "README.md")).splitlines()
-    out, inside, current = [], False, None
-    for line in lines:
-        if line.startswith("## "):
-            inside = line.startswith("## Hints")
-            continue
-        if not inside:
-            continue
-        m = re.match(r"^- Step (\d+):\s*(.*)$", line)
-        if m:
-            current = int(m.group(1)) == step
-            if current:
-                out.append(m.group(2))
-        elif line.startswith("- "):
-            current = False
-        elif current and line.strip():
-            out[-1] += " " + line.strip()
-    return out
+    return conventions.hints(read(os.path.join(root, lesson["dir"], "README.md"))).get(step, [])
 
 
 def report(lesson, root, binaries):
@@ -204,8 +188,7 @@ def report(lesson, root, binaries):
             cases += result
     by_step = {k: [] for k in steps}
     for case in cases:
-        m = re.match(r"^\[step(\d+)\]", case[0])
-        by_step.setdefault(int(m.group(1)) if m else 0, []).append(case)
+        by_step.setdefault(conventions.test_step(case[0]) or 0, []).append(case)
     first_failing = None
     for k in sorted(by_step):
         mine = by_step[k]
@@ -261,14 +244,19 @@ def main():
     parser.add_argument("--binaries", help="prebuilt test binaries under DIR/<lesson dir>/<test> (no build)")
     args = parser.parse_args()
 
-    lessons = [l for l in json.load(open(args.lessons)) if l["ready"]]
+    lessons = [l for l in json.load(open(args.lessons))]
     if args.lesson is not None:
         lessons = [l for l in lessons if l["number"] == args.lesson]
         if not lessons:
-            sys.exit("progress: no ready lesson %d (tools/lessons.bzl)" % args.lesson)
+            sys.exit("progress: no lesson %d (tools/lessons.bzl)" % args.lesson)
     root = os.path.abspath(args.root or os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd())
     binaries = os.path.abspath(args.binaries) if args.binaries else None
 
+    try:
+        for lesson in lessons:
+            steps_of(lesson, root)
+    except conventions.ConventionError as error:
+        sys.exit("progress: %s" % error)
     print("Your progress (checks against YOUR code in %s)\n" % root, flush=True)
     verdicts = []
     for lesson in lessons:

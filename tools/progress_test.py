@@ -3,7 +3,7 @@
 
   progress_test.py PROGRESS_PY LESSONS_JSON
 
-1. With the prebuilt learner test binaries: every ready lesson reports step 1 as the next step, with the file:line
+1. With the prebuilt learner test binaries: every lesson reports step 1 as the next step, with the file:line
    of a TODO(lessonN, step 1) marker, the first failing check and a hint from the lesson page.
 2. With a stand-in `bazel` whose build of the last lesson fails with a compiler error: that lesson is reported as
    not compiling (with the error's file:line), the others are still checked, and the tool exits 0.
@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 progress, lessons_json = sys.argv[1:3]
-lessons = [l for l in json.load(open(lessons_json)) if l["ready"]]
+lessons = [l for l in json.load(open(lessons_json))]
 root = os.getcwd()  # the runfiles root: lesson sources and test binaries
 failures = []
 

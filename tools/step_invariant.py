@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Maintainer check: every step of every lesson stands alone.
 
-  bazel run //tools:step_invariant                      # every ready lesson
+  bazel run //tools:step_invariant                      # every lesson
   bazel run //tools:step_invariant -- --lesson=1 --steps=3,4
 
 For lesson N and each K, the skeleton with steps 1..K done (taken from the reference solution) must pass every
@@ -13,7 +13,9 @@ How a variant is made: in each learner source that holds TODO(lessonN, step K) m
 version holds TODOs of steps <= K comes from solutions/<dir>/<same file>; every other unit stays as in the
 skeleton. Code outside the markers comes from the solution (helpers, includes); a TODO outside any marker pair is
 an error (it could not be spliced). K = the last step must give a variant that passes every check (a check on the
-splicing itself).
+splicing itself): when that variant is the reference solution byte for byte, which is what a complete set of
+markers gives, it is not rebuilt here, because the test command's //solutions/<dir>:all runs the same checks on
+the same code (--all_variants builds it anyway).
 
 The variants are built in a scratch copy of the workspace (default $TMPDIR/workshop-step-invariant, reused so
 that later runs are incremental; --work=DIR to choose) with its own Bazel server, which is shut down at the end;
@@ -32,11 +34,9 @@ import time
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import conventions  # noqa: E402  (step headings, [stepK] tags, TODO and // [tag] markers)
 from progress import first_failure  # noqa: E402  (the same reading of doctest's XML as //:progress)
 
-MARKER = re.compile(r"^\s*//\s*\[([A-Za-z0-9_]+)\]\s*$")
-STEP_HEADING = re.compile(r"^#+\s*Step\s+(\d+)\b", re.MULTILINE)
-STEP_TAG = re.compile(r"^\[step(\d+)\]")
 SKIP_DIRS = {".bazel", ".git", ".portable", "docs/html"}
 
 
@@ -45,46 +45,32 @@ def read(path):
         return f.read()
 
 
-def todo_pattern(lesson):
-    return re.compile(r"TODO\(lesson%d, step (\d+)\)" % lesson)
-
-
 def regions(lines, path):
     """[(tag, first line index, last line index)] of the `// [tag]` marker pairs (the marker lines included)."""
-    found, open_at = [], {}
-    for i, line in enumerate(lines):
-        m = MARKER.match(line)
-        if not m:
-            continue
-        tag = m.group(1)
-        if tag in open_at:
-            found.append((tag, open_at.pop(tag), i))
-        else:
-            if open_at:
-                raise ValueError("%s:%d: marker [%s] opens inside [%s]; nested markers are not supported"
-                                 % (path, i + 1, tag, next(iter(open_at))))
-            open_at[tag] = i
-    if open_at:
-        tag, i = next(iter(open_at.items()))
-        raise ValueError("%s:%d: marker [%s] is never closed" % (path, i + 1, tag))
-    return found
+    return [tuple(m) for m in conventions.markers(lines, path)]
+
+
+def todo_lines(text, lesson, path):
+    """{line index: K} of the lesson's TODO markers in `text`."""
+    return {line - 1: k for line, k in conventions.todos(text, lesson, path)}
 
 
 def learner_units(lesson, skeleton_path):
     """{tag: (lines, steps)} of the skeleton file, and the problems found (TODOs outside any unit)."""
-    todo = todo_pattern(lesson)
-    lines = read(skeleton_path).splitlines(keepends=True)
+    text = read(skeleton_path)
+    marked = todo_lines(text, lesson, skeleton_path)
+    lines = text.splitlines(keepends=True)
     units, inside, problems = {}, set(), []
     for tag, first, last in regions(lines, skeleton_path):
         body = lines[first:last + 1]
-        steps = sorted({int(k) for k in todo.findall("".join(body))})
+        steps = sorted({k for i, k in marked.items() if first <= i <= last})
         units[tag] = (body, steps)
         inside.update(range(first, last + 1))
         if len(steps) > 1:
             problems.append("%s: the code between the [%s] markers holds TODOs of steps %s; split it so "
                             "that each step can be done alone" % (skeleton_path, tag, steps))
-    for i, line in enumerate(lines):
-        if i not in inside and todo.search(line):
+    for i in sorted(marked):
+        if i not in inside:
             problems.append("%s:%d: TODO outside any // [tag] marker pair: the step checker cannot splice it"
                             % (skeleton_path, i + 1))
     return units, problems
@@ -113,11 +99,12 @@ def variant(lesson, skeleton_path, solution_path, k):
 
 def learner_files(lesson, root):
     """The lesson's skeleton sources that hold TODO markers (relative paths)."""
-    todo = todo_pattern(lesson["number"])
     folder = os.path.join(root, lesson["dir"])
     out = []
     for name in sorted(os.listdir(folder)):
-        if name.endswith((".cc", ".h")) and not name.endswith("_test.cc") and todo.search(read(os.path.join(folder, name))):
+        path = os.path.join(folder, name)
+        if name.endswith((".cc", ".h")) and not name.endswith("_test.cc") and \
+                conventions.todos(read(path), lesson["number"], path):
             out.append(os.path.join(lesson["dir"], name))
     return out
 
@@ -204,16 +191,26 @@ def bazel(args, work, bazel_bin):
     return subprocess.run([bazel_bin] + args, cwd=work, capture_output=True, text=True)
 
 
-def check_lesson(lesson, root, work, bazel_bin, only_steps, log):
+def lesson_steps(lesson, root):
+    """The step numbers of the lesson's page (tools/conventions.py: ConventionError for a malformed heading)."""
+    return [s.number for s in conventions.read_steps(os.path.join(root, lesson["dir"], "README.md"))]
+
+
+def check_lesson(lesson, root, work, bazel_bin, only_steps, log, all_variants=False):
     n, folder = lesson["number"], lesson["dir"]
-    steps = sorted({int(k) for k in STEP_HEADING.findall(read(os.path.join(root, folder, "README.md")))})
-    files = learner_files(lesson, root)
     findings = []
     structure = []
-    for f in files:
-        structure += learner_units(n, os.path.join(root, f))[1]
-        if not os.path.exists(os.path.join(root, "solutions", f)):
-            structure.append("solutions/%s is missing" % f)
+    try:
+        steps = lesson_steps(lesson, root)
+        files = learner_files(lesson, root)
+        for f in files:
+            structure += learner_units(n, os.path.join(root, f))[1]
+            if not os.path.exists(os.path.join(root, "solutions", f)):
+                structure.append("solutions/%s is missing" % f)
+            else:
+                regions(read(os.path.join(root, "solutions", f)).splitlines(), "solutions/" + f)
+    except conventions.ConventionError as error:
+        structure.append(str(error))
     if structure:
         for p in structure:
             log("lesson %d: cannot splice: %s" % (n, p))
@@ -227,9 +224,14 @@ def check_lesson(lesson, root, work, bazel_bin, only_steps, log):
         if only_steps and k not in only_steps:
             continue
         start = time.time()
+        texts = {f: variant(n, os.path.join(root, f), os.path.join(root, "solutions", f), k) for f in files}
+        if k == steps[-1] and not all_variants and all(texts[f] == read(os.path.join(root, "solutions", f))
+                                                        for f in files):
+            log("lesson %d K=%d: the variant is the reference solution itself, checked by //solutions/%s:all "
+                "in the test command: not rebuilt" % (n, k, folder))
+            continue
         for f in files:
-            text = variant(n, os.path.join(root, f), os.path.join(root, "solutions", f), k)
-            write_if_changed(os.path.join(work, f), text.encode("utf-8"))
+            write_if_changed(os.path.join(work, f), texts[f].encode("utf-8"))
         built = bazel(["build", "--color=no", "--curses=no", "--keep_going"] + targets, work, bazel_bin)
         if built.returncode != 0:
             errors = [l for l in (built.stdout + built.stderr).splitlines() if "error:" in l][:5]
@@ -246,8 +248,7 @@ def check_lesson(lesson, root, work, bazel_bin, only_steps, log):
                 continue
             for name, outcome, message in cases:
                 counts[outcome] += 1
-                m = STEP_TAG.match(name)
-                step = int(m.group(1)) if m else None
+                step = conventions.test_step(name)
                 if outcome == "skipped" or step is None:
                     continue
                 if step <= k and outcome == "failed":
@@ -267,6 +268,36 @@ def check_lesson(lesson, root, work, bazel_bin, only_steps, log):
     return findings
 
 
+# Files a change of which cannot change what a variant builds or how its checks run.
+NOT_BUILD_INPUTS = {"tools/debian13_check.sh", "tools/gpu_check.sh", "tools/loop_bench.sh", "tools/setup.sh",
+                    "tools/portable_bazel.sh", "tools/tour.py", "tools/progress_test.py", "tools/conventions_test.py",
+                    "tools/format_check.py"}
+
+
+def changed_lessons(root, lessons, rev, log):
+    """The lessons whose folder or solution folder changed since `rev` (committed or not); every lesson when
+    anything else that a build reads changed (common/, tests/, tools/, third_party/, BUILD files, rc files), or
+    when git does not know `rev`."""
+    diff = subprocess.run(["git", "-C", root, "diff", "--name-only", rev, "--"], capture_output=True, text=True)
+    if diff.returncode != 0:
+        log("step invariant: git does not know %s (%s): every lesson" % (rev, diff.stderr.strip()[:200]))
+        return lessons
+    changed = [f for f in diff.stdout.splitlines() if f]
+    own = {}
+    for lesson in lessons:
+        for prefix in (lesson["dir"] + "/", "solutions/%s/" % lesson["dir"]):
+            own[prefix] = lesson
+    shared = [f for f in changed if not any(f.startswith(p) for p in own) and not f.endswith(".md")
+              and not f.startswith(("docs/", "bench/", ".ci/", "tools/mutants/", ".clang-format"))
+              and f not in NOT_BUILD_INPUTS]
+    if shared:
+        log("step invariant: %s changed since %s: every lesson" % (shared[0], rev))
+        return lessons
+    picked = [l for l in lessons if any(f.startswith(p) and own[p] is l for f in changed for p in own)]
+    log("step invariant: changed since %s: lessons %s" % (rev, [l["number"] for l in picked] or "none"))
+    return picked
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lessons", required=True, help=argparse.SUPPRESS)
@@ -277,16 +308,23 @@ def main():
     parser.add_argument("--bazel", default=os.environ.get("BAZEL", "bazel"))
     parser.add_argument("--report", help="also write the findings to this file")
     parser.add_argument("--keep_server", action="store_true", help="do not shut the scratch Bazel server down")
+    parser.add_argument("--all_variants", action="store_true",
+                        help="also build the last step's variant when it is the reference solution itself")
+    parser.add_argument("--changed_since", metavar="REV",
+                        help="only the lessons whose files changed since git revision REV (all of them when a file "
+                             "outside the lessons' folders changed, or when REV is unknown)")
     args = parser.parse_args()
 
     root = os.path.abspath(args.root or os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd())
     work = os.path.abspath(args.work or os.path.join(tempfile.gettempdir(), "workshop-step-invariant"))
     if os.path.abspath(work) == root:
         sys.exit("step_invariant: --work must not be the workspace itself")
-    lessons = [l for l in json.load(open(args.lessons)) if l["ready"]]
+    lessons = [l for l in json.load(open(args.lessons))]
     if args.lesson:
         lessons = [l for l in lessons if l["number"] in args.lesson]
     only_steps = {int(s) for s in args.steps.split(",")} if args.steps else None
+    if args.changed_since:
+        lessons = changed_lessons(root, lessons, args.changed_since, print)
 
     def log(line):
         print(line, flush=True)
@@ -296,7 +334,7 @@ def main():
     findings = []
     try:
         for lesson in lessons:
-            findings += check_lesson(lesson, root, work, args.bazel, only_steps, log)
+            findings += check_lesson(lesson, root, work, args.bazel, only_steps, log, args.all_variants)
     finally:
         if not args.keep_server:
             bazel(["shutdown"], work, args.bazel)

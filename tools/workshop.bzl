@@ -13,16 +13,47 @@ COPTS = [
 # compile time; an at:: function comes with its own <ATen/ops/NAME.h>. Same meaning in LibTorch 1.13 and 2.x.
 LEARNER_COPTS = COPTS + ["-DAT_PER_OPERATOR_HEADERS"]
 
-def lesson_test(name, src, impl, tags = [], size = "small"):
-    """A doctest check `name` built from `src` against the implementation library `impl`."""
+def lesson_test(name, impl, src = None, checks = None, headers = None, tags = [], size = "small", deps = []):
+    """A doctest check `name` against the implementation library `impl`.
+
+    Three ways to give the checks:
+      src + headers  (in the lesson's package) compiles `src` once into the library `<name>_checks`, against
+                     the header-only targets `headers` (+ `deps`), and links it with `impl`;
+      checks         (in solutions/) links that `<name>_checks` library with `impl`: the checks of skeleton and
+                     solution are one object file, compiled once, not twice;
+      src alone      compiles `src` into the test itself (+ `deps`).
+    """
+    if checks and src:
+        fail("lesson_test %s: give src or checks, not both" % name)
+    if src and headers != None:
+        checks = ":%s_checks" % name
+        native.cc_library(
+            name = name + "_checks",
+            testonly = True,
+            srcs = [src],
+            copts = COPTS,
+            alwayslink = True,
+            deps = headers + deps + [
+                "//tests:doctest_main",
+                "//common/compat:compat",
+                "@libtorch",
+            ],
+        )
+    if checks:
+        native.cc_test(
+            name = name,
+            size = size,
+            tags = tags,
+            deps = [checks, impl, "//tests:doctest_main", "@libtorch"],
+        )
+        return
     native.cc_test(
         name = name,
         size = size,
         srcs = [src],
         copts = COPTS,
         tags = tags,
-        deps = [
-            impl,
+        deps = [impl] + deps + [
             "//tests:doctest_main",
             "//common/compat:compat",
             "@libtorch",
@@ -30,7 +61,7 @@ def lesson_test(name, src, impl, tags = [], size = "small"):
     )
 
 def exercise_invariants_test(name, lesson, lesson_dir, tests):
-    """Checks lesson `lesson`'s exercise invariants (tests/maintainer_check.py).
+    """Checks lesson `lesson`'s exercise invariants (tools/maintainer_check.py).
 
     `tests` are the names of the learner's check targets in //<lesson_dir>; the same names must exist in
     //solutions/<lesson_dir>. Every test case must fail against the pristine skeleton.
@@ -40,10 +71,11 @@ def exercise_invariants_test(name, lesson, lesson_dir, tests):
         name = name,
         size = "medium",
         srcs = ["//tests:run_python.sh"],
-        args = ["$(rootpath //tests:maintainer_check.py)", "--lesson", str(lesson), lesson_dir,
+        args = ["$(rootpath //tools:maintainer_check.py)", "--lesson", str(lesson), lesson_dir,
                 "solutions/" + lesson_dir] + ["$(rootpath %s)" % b for b in binaries],
         data = [
-            "//tests:maintainer_check.py",
+            "//tools:conventions.py",
+            "//tools:maintainer_check.py",
             "//%s:sources" % lesson_dir,
             "//solutions/%s:sources" % lesson_dir,
         ] + binaries,

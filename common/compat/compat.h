@@ -129,9 +129,7 @@ class WrappingAllocator : public c10::Allocator {
  public:
 #if WORKSHOP_TORCH_AT_LEAST(2, 3)
   c10::DataPtr allocate(size_t nbytes) override { return allocate_impl(nbytes); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 #else
   c10::DataPtr allocate(size_t nbytes) const override { return allocate_impl(nbytes); }
 #endif

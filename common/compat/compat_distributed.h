@@ -112,7 +112,8 @@ inline c10::intrusive_ptr<Collectives> gloo_group(const c10::intrusive_ptr<c10d:
   options->threads = 2;
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
 #else
-  TORCH_CHECK(false, "this LibTorch was found without the Gloo headers (gloo/algorithm.h): on Debian install "
+  TORCH_CHECK(false,
+              "this LibTorch was found without the Gloo headers (gloo/algorithm.h): on Debian install "
               "libgloo-dev (tools/setup.sh does)");
 #endif
 }
@@ -125,7 +126,8 @@ inline c10::intrusive_ptr<Collectives> nccl_group(const c10::intrusive_ptr<c10d:
   options->timeout = timeout;
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
 #else
-  TORCH_CHECK(false, "NCCL is not available in this build: it needs a CUDA LibTorch and nccl.h on the include "
+  TORCH_CHECK(false,
+              "NCCL is not available in this build: it needs a CUDA LibTorch and nccl.h on the include "
               "path");
 #endif
 }

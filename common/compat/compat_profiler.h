@@ -19,8 +19,8 @@ namespace compat {
 /// One recorded range on the host clock: an ATen op, an autograd node or a user range.
 struct ProfiledRange {
   std::string name;
-  uint64_t thread = 0;    ///< the thread that opened the range
-  int64_t start_ns = 0;   ///< host clock, nanoseconds
+  uint64_t thread = 0;   ///< the thread that opened the range
+  int64_t start_ns = 0;  ///< host clock, nanoseconds
   int64_t end_ns = 0;
 };
 

@@ -6,7 +6,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, &, ...)
-#include <ATen/ops/full.h>  // at:: functions come one header each; add <ATen/ops/NAME.h> for others
+#include <ATen/ops/full.h>         // at:: functions come one header each; add <ATen/ops/NAME.h> for others
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
@@ -48,6 +48,28 @@ std::vector<at::Tensor> gradients_of(torch::optim::Optimizer& optimizer) {
 
 }  // namespace
 
+// [constructor]
+GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
+  check_options(options.init_scale, options.growth_factor, options.backoff_factor, options.growth_interval);
+}
+// [constructor]
+
+// [scale]
+at::Tensor GradScaler::scale(const at::Tensor& loss) {
+  TORCH_CHECK(loss.defined(), "GradScaler::scale: the loss is an undefined tensor");
+  TORCH_CHECK(loss.is_floating_point(), "GradScaler::scale: the loss must be floating point, got ", loss.scalar_type());
+  if (!options_.enabled) return loss;
+  if (!scale_.defined()) {
+    const auto on_device = at::TensorOptions().device(loss.device());
+    scale_ = at::full({1}, options_.init_scale, on_device.dtype(at::kFloat));
+    growth_tracker_ = at::full({1}, init_growth_tracker_, on_device.dtype(at::kInt));
+  }
+  TORCH_CHECK(loss.device() == scale_.device(), "GradScaler::scale: the loss is on ", loss.device(),
+              " but this scaler's scale lives on ", scale_.device());
+  return loss * scale_;
+}
+// [scale]
+
 // [unscale_plain]
 void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
   TORCH_CHECK(found_inf.numel() == 1 && found_inf.scalar_type() == c10::ScalarType::Float,
@@ -66,54 +88,11 @@ void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found
 }
 // [unscale_plain]
 
-// [update_plain]
-void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
-                        double growth_factor, double backoff_factor, int64_t growth_interval) {
-  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == c10::ScalarType::Float,
-              "update_scale_plain: scale must be a one-element float32 tensor");
-  TORCH_CHECK(growth_tracker.numel() == 1 && growth_tracker.scalar_type() == c10::ScalarType::Int,
-              "update_scale_plain: growth_tracker must be a one-element int32 tensor");
-  TORCH_CHECK(found_inf.numel() == 1, "update_scale_plain: found_inf must have one element");
-  TORCH_CHECK(growth_interval > 0, "update_scale_plain: growth_interval must be > 0, got ", growth_interval);
-  const at::Tensor overflow = found_inf.ne(0);                      // [1] bool; NaN != 0 counts as overflow
-  const at::Tensor clean_steps = growth_tracker + 1;                // [1] int32
-  const at::Tensor grow = clean_steps.eq(growth_interval) & overflow.logical_not();
-  at::Tensor grown = scale * growth_factor;
-  grown = at::where(grown.isfinite(), grown, scale);               // never grow into inf
-  const at::Tensor new_scale = at::where(overflow, scale * backoff_factor, at::where(grow, grown, scale));
-  const at::Tensor new_tracker = at::where(overflow | grow, at::zeros_like(clean_steps), clean_steps);
-  scale.copy_(new_scale);
-  growth_tracker.copy_(new_tracker);
-}
-// [update_plain]
-
-// [constructor]
-GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
-  check_options(options.init_scale, options.growth_factor, options.backoff_factor, options.growth_interval);
-}
-// [constructor]
-
-// [scale]
-at::Tensor GradScaler::scale(const at::Tensor& loss) {
-  TORCH_CHECK(loss.defined(), "GradScaler::scale: the loss is an undefined tensor");
-  TORCH_CHECK(loss.is_floating_point(), "GradScaler::scale: the loss must be floating point, got ",
-              loss.scalar_type());
-  if (!options_.enabled) return loss;
-  if (!scale_.defined()) {
-    const auto on_device = at::TensorOptions().device(loss.device());
-    scale_ = at::full({1}, options_.init_scale, on_device.dtype(at::kFloat));
-    growth_tracker_ = at::full({1}, init_growth_tracker_, on_device.dtype(at::kInt));
-  }
-  TORCH_CHECK(loss.device() == scale_.device(), "GradScaler::scale: the loss is on ", loss.device(),
-              " but this scaler's scale lives on ", scale_.device());
-  return loss * scale_;
-}
-// [scale]
-
 // [unscale]
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled) return;
-  TORCH_CHECK(scale_.defined(), "GradScaler::unscale_: called before scale(); run scaler.scale(loss).backward() "
+  TORCH_CHECK(scale_.defined(),
+              "GradScaler::unscale_: called before scale(); run scaler.scale(loss).backward() "
               "first in this iteration");
   PerOptimizer& state = per_optimizer_[&optimizer];
   TORCH_CHECK(state.stage != Stage::kUnscaled,
@@ -145,7 +124,8 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     optimizer.step();
     return true;
   }
-  TORCH_CHECK(scale_.defined(), "GradScaler::step: called before scale(); run scaler.scale(loss).backward() "
+  TORCH_CHECK(scale_.defined(),
+              "GradScaler::step: called before scale(); run scaler.scale(loss).backward() "
               "first in this iteration");
   PerOptimizer& state = per_optimizer_[&optimizer];
   TORCH_CHECK(state.stage != Stage::kStepped,
@@ -158,6 +138,27 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   return !skip;
 }
 // [step]
+
+// [update_plain]
+void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                        double growth_factor, double backoff_factor, int64_t growth_interval) {
+  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == c10::ScalarType::Float,
+              "update_scale_plain: scale must be a one-element float32 tensor");
+  TORCH_CHECK(growth_tracker.numel() == 1 && growth_tracker.scalar_type() == c10::ScalarType::Int,
+              "update_scale_plain: growth_tracker must be a one-element int32 tensor");
+  TORCH_CHECK(found_inf.numel() == 1, "update_scale_plain: found_inf must have one element");
+  TORCH_CHECK(growth_interval > 0, "update_scale_plain: growth_interval must be > 0, got ", growth_interval);
+  const at::Tensor overflow = found_inf.ne(0);        // [1] bool; NaN != 0 counts as overflow
+  const at::Tensor clean_steps = growth_tracker + 1;  // [1] int32
+  const at::Tensor grow = clean_steps.eq(growth_interval) & overflow.logical_not();
+  at::Tensor grown = scale * growth_factor;
+  grown = at::where(grown.isfinite(), grown, scale);  // never grow into inf
+  const at::Tensor new_scale = at::where(overflow, scale * backoff_factor, at::where(grow, grown, scale));
+  const at::Tensor new_tracker = at::where(overflow | grow, at::zeros_like(clean_steps), clean_steps);
+  scale.copy_(new_scale);
+  growth_tracker.copy_(new_tracker);
+}
+// [update_plain]
 
 // [update]
 void GradScaler::update() {
@@ -197,13 +198,18 @@ GradScalerState GradScaler::state_dict() const {
     none.enabled = false;  // a disabled scaler has no state to save
     return none;
   }
-  return GradScalerState{true, get_scale(), options_.growth_factor, options_.backoff_factor, options_.growth_interval,
+  return GradScalerState{true,
+                         get_scale(),
+                         options_.growth_factor,
+                         options_.backoff_factor,
+                         options_.growth_interval,
                          get_growth_tracker()};
 }
 
 void GradScaler::load_state_dict(const GradScalerState& state) {
   if (!options_.enabled) return;  // a pass-through has nothing to restore
-  TORCH_CHECK(state.enabled, "GradScaler::load_state_dict: the state was saved from a disabled scaler and holds no "
+  TORCH_CHECK(state.enabled,
+              "GradScaler::load_state_dict: the state was saved from a disabled scaler and holds no "
               "scale; loading it would reset this scaler's scale");
   check_options(state.scale, state.growth_factor, state.backoff_factor, state.growth_interval);
   TORCH_CHECK(state.growth_tracker >= 0 && state.growth_tracker < state.growth_interval,

@@ -28,8 +28,7 @@ void check_micro_batch(const MicroBatch& micro_batch, size_t index) {
 }
 
 void check_options(const AccumulationOptions& options, const std::vector<MicroBatch>& micro_batches) {
-  TORCH_CHECK(options.accumulation_steps > 0, "accumulation_steps (K) must be > 0, got ",
-              options.accumulation_steps);
+  TORCH_CHECK(options.accumulation_steps > 0, "accumulation_steps (K) must be > 0, got ", options.accumulation_steps);
   TORCH_CHECK(!micro_batches.empty(), "no micro-batches to train on (empty batch)");
 }
 
@@ -61,24 +60,6 @@ std::vector<MicroBatch> split_batch(const at::Tensor& input, const at::Tensor& t
   return out;
 }
 // [split_batch]
-
-// [loss_weights]
-std::vector<double> loss_weights(const std::vector<int64_t>& items, Normalization normalization) {
-  TORCH_CHECK(!items.empty(), "loss_weights: a window needs at least one micro-batch");
-  int64_t total = 0;
-  for (int64_t n : items) {
-    TORCH_CHECK(n > 0, "loss_weights: every micro-batch needs at least one item, got ", n);
-    total += n;
-  }
-  std::vector<double> weights;
-  for (int64_t n : items) {
-    // mean_i * n_i / total summed over i is the mean over all the window's items: the full-batch loss.
-    weights.push_back(normalization == Normalization::kByItems ? static_cast<double>(n) / static_cast<double>(total)
-                                                               : 1.0 / static_cast<double>(items.size()));
-  }
-  return weights;
-}
-// [loss_weights]
 
 // [accumulate_window]
 at::Tensor accumulate_window(const std::vector<MicroBatch>& window, const LossFn& loss_fn,
@@ -113,9 +94,9 @@ AccumulationStats train_accumulated(torch::optim::Optimizer& optimizer, const st
   const size_t k = static_cast<size_t>(options.accumulation_steps);
   for (size_t begin = 0; begin < micro_batches.size(); begin += k) {
     const size_t end = std::min(begin + k, micro_batches.size());  // the last window may be partial
-    optimizer.zero_grad();  // only at a window boundary
+    optimizer.zero_grad();                                         // only at a window boundary
     stats.window_losses.push_back(accumulate_window(slice(micro_batches, begin, end), loss_fn, options.normalization));
-    optimizer.step();       // once per window
+    optimizer.step();  // once per window
     stats.windows += 1;
     stats.optimizer_steps += 1;
     stats.backward_passes += static_cast<int64_t>(end - begin);
@@ -123,6 +104,24 @@ AccumulationStats train_accumulated(torch::optim::Optimizer& optimizer, const st
   return stats;
 }
 // [train_accumulated]
+
+// [loss_weights]
+std::vector<double> loss_weights(const std::vector<int64_t>& items, Normalization normalization) {
+  TORCH_CHECK(!items.empty(), "loss_weights: a window needs at least one micro-batch");
+  int64_t total = 0;
+  for (int64_t n : items) {
+    TORCH_CHECK(n > 0, "loss_weights: every micro-batch needs at least one item, got ", n);
+    total += n;
+  }
+  std::vector<double> weights;
+  for (int64_t n : items) {
+    // mean_i * n_i / total summed over i is the mean over all the window's items: the full-batch loss.
+    weights.push_back(normalization == Normalization::kByItems ? static_cast<double>(n) / static_cast<double>(total)
+                                                               : 1.0 / static_cast<double>(items.size()));
+  }
+  return weights;
+}
+// [loss_weights]
 
 // [train_accumulated_amp]
 AccumulationStats train_accumulated_amp(torch::optim::Optimizer& optimizer, amp::GradScaler& scaler,
@@ -177,8 +176,7 @@ AccumulationStats train_accumulated_amp(torch::optim::Optimizer& optimizer, amp:
 // [train_accumulated_amp]
 
 // [measure_memory]
-MemoryModel measure_memory(const std::function<void(int64_t)>& run, c10::Device device, int64_t small,
-                           int64_t large) {
+MemoryModel measure_memory(const std::function<void(int64_t)>& run, c10::Device device, int64_t small, int64_t large) {
   TORCH_CHECK(run, "measure_memory: run is empty");
   TORCH_CHECK(small > 0 && small < large, "measure_memory: need 0 < small < large, got small = ", small,
               ", large = ", large);
@@ -206,8 +204,7 @@ MemoryModel measure_memory(const std::function<void(int64_t)>& run, c10::Device 
 Plan plan_micro_batch(const MemoryModel& model, int64_t effective_batch, double budget_bytes) {
   TORCH_CHECK(effective_batch > 0, "plan_micro_batch: effective_batch must be > 0, got ", effective_batch);
   TORCH_CHECK(budget_bytes > 0, "plan_micro_batch: budget_bytes must be > 0, got ", budget_bytes);
-  TORCH_CHECK(model.bytes_per_item >= 0, "plan_micro_batch: bytes_per_item must be >= 0, got ",
-              model.bytes_per_item);
+  TORCH_CHECK(model.bytes_per_item >= 0, "plan_micro_batch: bytes_per_item must be >= 0, got ", model.bytes_per_item);
   const double one_item = model.fixed_bytes + model.bytes_per_item;
   TORCH_CHECK(one_item <= budget_bytes, "plan_micro_batch: the budget of ", budget_bytes,
               " bytes does not fit even one item (", model.fixed_bytes, " fixed + ", model.bytes_per_item,

@@ -26,7 +26,7 @@ std::vector<Finding> diagnose(const Profile& profile, int64_t steps, const Diagn
   TORCH_CHECK(!phase_share.empty(), "diagnose: the profile has no phase ranges (wrap the step's phases in ",
               "ScopedRange)");
   std::map<std::string, std::map<std::string, int64_t>> direct_calls;  // phase -> op -> calls
-  std::map<std::string, int64_t> sync_calls;                            // phase -> calls of kSyncOp
+  std::map<std::string, int64_t> sync_calls;                           // phase -> calls of kSyncOp
   for (const auto& event : events) {
     if (event.parent >= 0 && is_phase_label(events[event.parent].name) && !is_phase_label(event.name)) {
       direct_calls[event.phase][event.name] += 1;
@@ -51,8 +51,8 @@ std::vector<Finding> diagnose(const Profile& profile, int64_t steps, const Diagn
   const std::string data = phase_label(Phase::kData);
   if (phase_share.count(data) && phase_share[data] > options.data_share) {
     const auto op = most_called(data);
-    findings.push_back({Problem::kDataInStep, data, op.first, static_cast<double>(op.second) * per_step,
-                        phase_share[data]});
+    findings.push_back(
+        {Problem::kDataInStep, data, op.first, static_cast<double>(op.second) * per_step, phase_share[data]});
   }
   for (const auto& entry : direct_calls) {
     int64_t total = 0;
@@ -89,7 +89,7 @@ void Trainer::fast_step() {
   at::Tensor x, y;
   {
     ScopedRange range(Phase::kData);
-    x = prepared_.narrow(0, start, options_.batch);         // a view: no copy
+    x = prepared_.narrow(0, start, options_.batch);  // a view: no copy
     y = prepared_labels_.narrow(0, start, options_.batch);
   }
   at::Tensor loss;

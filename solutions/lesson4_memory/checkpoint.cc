@@ -49,8 +49,7 @@ void set_rng_state(const RngState& state) {
   }
   if (state.cuda.defined()) {
 #if WORKSHOP_HAS_CUDA
-    at::Generator cuda =
-        at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(state.cuda_device));
+    at::Generator cuda = at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(state.cuda_device));
     std::lock_guard<std::mutex> lock(cuda.mutex());
     cuda.set_state(state.cuda);
 #else
@@ -120,7 +119,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     std::vector<at::Tensor> outputs;
     {
       const RngRestore restore(state->rng.cuda_device);  // backward must not disturb the training loop's stream
-      set_rng_state(state->rng);  // the same dropout masks as in forward
+      set_rng_state(state->rng);                         // the same dropout masks as in forward
       AutocastReplay autocast(state->autocast);
       at::AutoGradMode grad_mode(true);
       outputs = state->segment(inputs);
@@ -138,7 +137,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       }
     }
     // As PyTorch: silently returning no gradient would hide a segment that detaches its result.
-    TORCH_CHECK(any_output_requires_grad, "checkpoint: no recomputed output requires grad (does the segment detach "
+    TORCH_CHECK(any_output_requires_grad,
+                "checkpoint: no recomputed output requires grad (does the segment detach "
                 "its result or compute it under no-grad?); nothing can flow back through this checkpoint");
     for (size_t i = 0; i < saved.size(); ++i) {
       const at::Tensor& target = i < n ? inputs[i] : saved[i];

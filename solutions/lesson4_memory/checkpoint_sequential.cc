@@ -11,8 +11,7 @@ at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments,
   const int64_t layers = static_cast<int64_t>(model->size());
   TORCH_CHECK(layers > 0, "checkpoint_sequential: the model has no layers");
   TORCH_CHECK(segments >= 1, "checkpoint_sequential: segments must be >= 1, got ", segments);
-  TORCH_CHECK(segments <= layers, "checkpoint_sequential: more segments (", segments, ") than layers (", layers,
-              ")");
+  TORCH_CHECK(segments <= layers, "checkpoint_sequential: more segments (", segments, ") than layers (", layers, ")");
   const int64_t base = layers / segments;
   const int64_t extra = layers % segments;
   at::Tensor x = input;

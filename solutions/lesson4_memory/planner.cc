@@ -21,8 +21,8 @@ double train_step(torch::nn::Sequential& model, torch::optim::Optimizer& optimiz
   TORCH_CHECK(recipe.segments >= 1, "train_step: segments must be >= 1, got ", recipe.segments);
   TORCH_CHECK(inputs.defined() && targets.defined() && inputs.dim() >= 1 && inputs.size(0) > 0,
               "train_step: empty batch");
-  TORCH_CHECK(targets.dim() >= 1 && targets.size(0) == inputs.size(0), "train_step: inputs have ",
-              inputs.size(0), " rows but targets have ", targets.dim() >= 1 ? targets.size(0) : 0);
+  TORCH_CHECK(targets.dim() >= 1 && targets.size(0) == inputs.size(0), "train_step: inputs have ", inputs.size(0),
+              " rows but targets have ", targets.dim() >= 1 ? targets.size(0) : 0);
   std::vector<at::Tensor> parameters;
   for (const auto& group : optimizer.param_groups()) {
     parameters.insert(parameters.end(), group.params().begin(), group.params().end());

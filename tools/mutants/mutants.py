@@ -1,481 +1,72 @@
 #!/usr/bin/env python3
 """The workshop's plausible-bug set (mutants) for the reference solutions, in the spirit of cargo-mutants.
 
-Each entry below is one small, realistic mistake a learner (or a maintainer) could make in solutions/: the
-file, an exact snippet of it, and what the snippet becomes. `python3 tools/mutants/mutants.py` writes one
-unified diff per mutant into tools/mutants/patches/ (regenerate them after editing a solution); the runner
-(tools/mutants/run.sh) applies them one at a time, runs that lesson's reference checks and reverts.
-A mutant whose snippet no longer occurs exactly once fails loudly here instead of silently vanishing.
+The mutants are defined per lesson, in tools/mutants/lessonN.py (a MUTANTS list of tuples (name, file, old, new,
+what the bug is): one small, realistic mistake a learner or a maintainer could make in solutions/). This script
+turns them into unified diffs at run time; nothing it writes is committed:
+
+  python3 tools/mutants/mutants.py --out DIR [PATTERN ...]   # one DIR/NN_<name>.patch per selected mutant
+  python3 tools/mutants/mutants.py --list                    # the names, one per line
+
+PATTERN is a shell glob on the mutant's name (`l2_*`, `l1_unscale_*`); none selects all. A mutant whose `old`
+snippet no longer occurs exactly once in its file fails loudly here (exit 1) instead of silently vanishing.
+tools/mutants/run.sh calls this, then applies the patches one at a time.
 """
+import argparse
 import difflib
+import fnmatch
+import importlib
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-L1S = "solutions/lesson1_amp/grad_scaler.cc"
-L1A = "solutions/lesson1_amp/autocast.cc"
-L2 = "solutions/lesson2_accumulation/accumulation.cc"
-L3B = "solutions/lesson3_profiling/bottleneck.cc"
-L3P = "solutions/lesson3_profiling/profiler.cc"
-L3S = "solutions/lesson3_profiling/stopwatch.cc"
-L3R = "solutions/lesson3_profiling/phases.cc"
-L4C = "solutions/lesson4_memory/checkpoint.cc"
-L4Q = "solutions/lesson4_memory/checkpoint_sequential.cc"
-L4B = "solutions/lesson4_memory/breakdown.cc"
-L4P = "solutions/lesson4_memory/planner.cc"
-L5 = "solutions/lesson5_distributed/ddp.cc"
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+LESSONS = [1, 2, 3, 4, 5]
 
-# (name, file, old, new, what the bug is)
-MUTANTS = [
-    # ---- lesson 1: autocast guard, underflow ------------------------------------------------------------
-    ("l1_underflow_counts_zeros", L1A,
-     "const at::Tensor candidates = values.isfinite() & values.ne(0);",
-     "const at::Tensor candidates = values.isfinite();",
-     "underflow_fraction counts entries that were zero to begin with as candidates"),
-    ("l1_guard_clears_cache_every_exit", L1A,
-     "if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();",
-     "at::autocast::decrement_nesting();\n  at::autocast::clear_cache();",
-     "every guard, not only the outermost, clears the cast cache"),
-    ("l1_guard_never_clears_cache", L1A,
-     "if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();",
-     "at::autocast::decrement_nesting();",
-     "the outermost guard forgets to clear the cast cache"),
-    ("l1_guard_restores_only_enabled", L1A,
-     "  workshop::compat::set_autocast_dtype(device_, previous_dtype_);\n  at::autocast::set_autocast_cache_enabled",
-     "  at::autocast::set_autocast_cache_enabled",
-     "the destructor restores the enabled flag but not the dtype"),
-    ("l1_guard_off_keeps_autocast", L1A,
-     "workshop::compat::set_autocast_enabled(device, enabled);",
-     "if (enabled) workshop::compat::set_autocast_enabled(device, true);",
-     "a disabled guard does not turn autocast off"),
-    ("l1_one_arg_guard_fixed_dtype", L1A,
-     "    : AutocastGuard(device, workshop::compat::autocast_dtype(device), enabled) {}",
-     "    : AutocastGuard(device, default_dtype(device), enabled) {}",
-     "the one-argument guard ignores the dtype an outer guard (or the user) set for the device"),
-    ("l1_guard_drops_cache_flag", L1A,
-     "  at::autocast::set_autocast_cache_enabled(previous_cache_enabled_);\n",
-     "",
-     "the guard does not restore autocast's cache-enabled flag"),
-    # ---- lesson 1: gradient scaler --------------------------------------------------------------------
-    ("l1_unscale_plain_last_grad_wins", L1S,
-     "found_inf.masked_fill_(grad.isfinite().all().logical_not(), 1.0);",
-     "found_inf.copy_(grad.isfinite().all().logical_not());",
-     "found_inf is overwritten by every gradient, so only the last one counts"),
-    ("l1_unscale_plain_misses_nan", L1S,
-     "found_inf.masked_fill_(grad.isfinite().all().logical_not(), 1.0);",
-     "found_inf.masked_fill_(grad.isinf().any(), 1.0);",
-     "only inf is detected, NaN slips through"),
-    ("l1_update_plain_grows_late", L1S,
-     "const at::Tensor grow = clean_steps.eq(growth_interval) & overflow.logical_not();",
-     "const at::Tensor grow = clean_steps.eq(growth_interval + 1) & overflow.logical_not();",
-     "the scale grows one clean step too late"),
-    ("l1_update_plain_grows_past_interval", L1S,
-     "const at::Tensor grow = clean_steps.eq(growth_interval) & overflow.logical_not();",
-     "const at::Tensor grow = clean_steps.ge(growth_interval) & overflow.logical_not();",
-     "growth whenever the count is >= the interval (ATen's kernel compares ==)"),
-    ("l1_update_plain_keeps_tracker_on_overflow", L1S,
-     "at::where(overflow | grow, at::zeros_like(clean_steps), clean_steps);",
-     "at::where(grow, at::zeros_like(clean_steps), at::where(overflow, growth_tracker, clean_steps));",
-     "an overflow backs the scale off but does not reset the growth tracker"),
-    ("l1_update_plain_grows_into_inf", L1S,
-     "  grown = at::where(grown.isfinite(), grown, scale);               // never grow into inf\n",
-     "",
-     "growth may turn the scale into inf"),
-    ("l1_update_plain_flag_must_be_one", L1S,
-     "const at::Tensor overflow = found_inf.ne(0);",
-     "const at::Tensor overflow = found_inf.eq(1);",
-     "a found_inf other than exactly 1 (2 from two optimizers' flags summed, or NaN) counts as a clean step"),
-    ("l1_update_plain_nan_is_clean", L1S,
-     "const at::Tensor overflow = found_inf.ne(0);",
-     "const at::Tensor overflow = found_inf.gt(0);",
-     "a NaN found_inf counts as a clean step (ATen's kernel tests `if (found_inf)`: NaN is an overflow)"),
-    ("l1_unscale_plain_records_history", L1S,
-     "  at::NoGradGuard no_grad;  // unscaling is bookkeeping, not part of the model's graph\n", "",
-     "unscaling runs with grad mode on (refused for a leaf that requires grad, recorded in the graph otherwise)"),
-    ("l1_update_new_scale_resets_tracker", L1S,
-     "  scale_.fill_(new_scale);", "  scale_.fill_(new_scale);\n  growth_tracker_.zero_();",
-     "update(new_scale) resets the growth tracker"),
-    ("l1_update_new_scale_keeps_stages", L1S,
-     "  scale_.fill_(new_scale);  // the tracker stays: PyTorch's update(new_scale) leaves it alone too\n  per_optimizer_.clear();",
-     "  scale_.fill_(new_scale);  // the tracker stays: PyTorch's update(new_scale) leaves it alone too",
-     "update(new_scale) does not start a new iteration (the next step() is refused)"),
-    ("l1_load_accepts_disabled_state", L1S,
-     "  TORCH_CHECK(state.enabled, ", "  TORCH_CHECK(true || state.enabled, ",
-     "a state saved from a disabled scaler is loaded (and resets the scale to 1)"),
-    ("l1_update_only_last_optimizer", L1S,
-     "found_inf = found_inf.defined() ? found_inf + entry.second.found_inf : entry.second.found_inf.clone();",
-     "found_inf = entry.second.found_inf.clone();",
-     "update() looks at one optimizer's inf check only (several optimizers on one scaler)"),
-    ("l1_update_keeps_stages", L1S,
-     "  per_optimizer_.clear();\n}\n\nvoid GradScaler::update(double",
-     "  for (auto& entry : per_optimizer_) entry.second.found_inf = at::Tensor();\n}\n\nvoid GradScaler::update(double",
-     "update() forgets found_inf but not the stages: the next iteration's step() refuses to run"),
-    ("l1_inv_scale_float32_truncated", L1S,
-     "const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);",
-     "const at::Tensor inv_scale = (1.0 / scale_).floor_divide(1.0).clamp_min(1.0 / 65536.0).to(at::kFloat);",
-     "the inverse scale is computed wrongly for scales other than 2^16 (a broken rounding)"),
-    ("l1_step_ignores_found_inf", L1S,
-     "const bool skip = state.found_inf.item<float>() != 0.0f;",
-     "const bool skip = state.found_inf.item<float>() > 1.0f;",
-     "step() compares found_inf with the wrong threshold and never skips"),
-    ("l1_step_unscales_twice", L1S,
-     "if (state.stage == Stage::kReady) unscale_(optimizer);",
-     "if (state.stage == Stage::kUnscaled) state.stage = Stage::kReady;\n  unscale_(optimizer);",
-     "step() unscales again after an explicit unscale_ (clipping then sees the wrong gradients)"),
-    ("l1_step_not_recorded", L1S,
-     "  state.stage = Stage::kStepped;\n  return !skip;",
-     "  return !skip;",
-     "step() does not record that it ran: a second step() or an unscale_ after it is not refused"),
-    ("l1_disabled_step_skips", L1S,
-     "    optimizer.step();\n    return true;\n  }\n  TORCH_CHECK(scale_.defined(), \"GradScaler::step",
-     "    return true;\n  }\n  TORCH_CHECK(scale_.defined(), \"GradScaler::step",
-     "a disabled scaler's step() forgets to run the optimizer"),
-    ("l1_load_ignores_existing_scale", L1S,
-     "  if (scale_.defined()) {\n    scale_.fill_(state.scale);\n    growth_tracker_.fill_(state.growth_tracker);\n  }\n",
-     "",
-     "load_state_dict into a scaler that has already scaled keeps its old scale and tracker"),
-    ("l1_state_dict_initial_scale", L1S,
-     "return GradScalerState{true, get_scale(), options_.growth_factor,",
-     "return GradScalerState{true, options_.init_scale, options_.growth_factor,",
-     "state_dict() saves the initial scale instead of the current one"),
-    ("l1_load_drops_tracker", L1S,
-     "  init_growth_tracker_ = state.growth_tracker;\n",
-     "",
-     "load_state_dict() forgets the growth tracker"),
-    ("l1_train_step_no_zero_grad", L1S,
-     "  TORCH_CHECK(forward_and_loss, \"train_step: forward_and_loss is empty\");\n  optimizer.zero_grad();\n",
-     "  TORCH_CHECK(forward_and_loss, \"train_step: forward_and_loss is empty\");\n",
-     "train_step never zeroes the gradients: they pile up across iterations"),
-    ("l1_train_step_backward_under_autocast", L1S,
-     "    loss = forward_and_loss();\n  }\n  TORCH_CHECK(loss.defined() && loss.numel() == 1, \"train_step: forward_and_loss must return a scalar loss\");\n  scaler.scale(loss).backward();",
-     "    loss = forward_and_loss();\n    TORCH_CHECK(loss.defined() && loss.numel() == 1, \"train_step: forward_and_loss must return a scalar loss\");\n    scaler.scale(loss).backward();\n  }",
-     "backward runs inside the autocast scope"),
-    ("l1_train_step_clips_scaled", L1S,
-     "    scaler.unscale_(optimizer);  // clip the true gradients, not the scaled ones\n",
-     "",
-     "train_step clips the scaled gradients (no unscale_ before clipping)"),
-    ("l1_train_step_returns_scaled_loss", L1S,
-     "  scaler.scale(loss).backward();\n  if (options.max_grad_norm > 0) {",
-     "  loss = scaler.scale(loss);\n  loss.backward();\n  if (options.max_grad_norm > 0) {",
-     "train_step returns the scaled loss"),
-    ("l1_train_step_update_before_step", L1S,
-     "  const bool stepped = scaler.step(optimizer);\n  scaler.update();\n  return StepResult{loss.detach(), stepped};",
-     "  const bool stepped = scaler.step(optimizer);\n  return StepResult{loss.detach(), stepped};",
-     "train_step never calls update(): the scale never adapts"),
-    # ---- lesson 2 -----------------------------------------------------------------------------------
-    ("l2_split_copies", L2,
-     "out.push_back(MicroBatch{input.narrow(0, begin, length), target.narrow(0, begin, length)});",
-     "out.push_back(MicroBatch{input.narrow(0, begin, length).clone(), target.narrow(0, begin, length).clone()});",
-     "split_batch copies every micro-batch"),
-    ("l2_count_ignores_items", L2,
-     "  if (items >= 0) return items;\n", "",
-     "MicroBatch::count() ignores the items field (per-token losses)"),
-    ("l2_weights_always_mean_of_means", L2,
-     "normalization == Normalization::kByItems ? static_cast<double>(n) / static_cast<double>(total)",
-     "normalization != Normalization::kByItems ? static_cast<double>(n) / static_cast<double>(total)",
-     "the two normalisations are swapped"),
-    ("l2_window_backward_once", L2,
-     "    weighted.backward();\n    window_loss = window_loss.defined() ? window_loss + weighted.detach() : weighted.detach();\n  }\n  return window_loss;",
-     "    window_loss = window_loss.defined() ? window_loss + weighted : weighted;\n  }\n  window_loss.backward();\n  return window_loss.detach();",
-     "the window's losses are summed and backward runs once (K graphs alive at once)"),
-    ("l2_window_loss_last_only", L2,
-     "    window_loss = window_loss.defined() ? window_loss + weighted.detach() : weighted.detach();\n  }\n  return window_loss;",
-     "    window_loss = weighted.detach();\n  }\n  return window_loss;",
-     "accumulate_window returns the last micro-batch's weighted loss, not the window's"),
-    ("l2_drop_partial_window", L2,
-     "  for (size_t begin = 0; begin < micro_batches.size(); begin += k) {\n    const size_t end = std::min(begin + k, micro_batches.size());  // the last window may be partial",
-     "  for (size_t begin = 0; begin + k <= micro_batches.size(); begin += k) {\n    const size_t end = begin + k;",
-     "the last partial window is dropped"),
-    ("l2_zero_grad_after_window", L2,
-     "    optimizer.zero_grad();  // only at a window boundary\n    stats.window_losses.push_back(accumulate_window(slice(micro_batches, begin, end), loss_fn, options.normalization));\n    optimizer.step();       // once per window",
-     "    stats.window_losses.push_back(accumulate_window(slice(micro_batches, begin, end), loss_fn, options.normalization));\n    optimizer.step();       // once per window\n    optimizer.zero_grad();",
-     "gradients are zeroed after the step instead of before the window (the first window adds onto old .grad)"),
-    ("l2_amp_update_per_micro_batch", L2,
-     "      scaler.scale(weighted).backward();\n      window_loss",
-     "      scaler.scale(weighted).backward();\n      if (i + 1 < end) { scaler.step(optimizer); scaler.update(); optimizer.zero_grad(); }\n      window_loss",
-     "with a scaler, steps and updates per micro-batch instead of per window"),
-    ("l2_amp_clips_scaled", L2,
-     "      scaler.unscale_(optimizer);  // clip the true gradients of the whole window\n",
-     "",
-     "with a scaler, clipping acts on the scaled gradients of the window"),
-    ("l2_amp_backward_under_autocast", L2,
-     "        loss = loss_fn(micro_batches[i]);\n      }\n      TORCH_CHECK(loss.defined() && loss.numel() == 1, \"train_accumulated_amp: loss_fn must return a scalar loss\");\n      const at::Tensor weighted = loss.to(at::kFloat) * weights[i - begin];\n      // Every micro-loss is scaled by the same scale: update() runs only after the window, so the scaled\n      // gradients of the window add up consistently and one unscale divides them all.\n      scaler.scale(weighted).backward();",
-     "        loss = loss_fn(micro_batches[i]);\n      TORCH_CHECK(loss.defined() && loss.numel() == 1, \"train_accumulated_amp: loss_fn must return a scalar loss\");\n      }\n      const at::Tensor weighted = loss.to(at::kFloat) * weights[i - begin];\n      {\n        amp::AutocastGuard autocast(amp_options.device, amp_options.dtype, amp_options.autocast);\n        scaler.scale(weighted).backward();\n      }",
-     "with a scaler, backward runs under autocast"),
-    ("l2_amp_window_loss_scaled", L2,
-     "      scaler.scale(weighted).backward();\n      window_loss = window_loss.defined() ? window_loss + weighted.detach() : weighted.detach();",
-     "      const at::Tensor scaled = scaler.scale(weighted);\n      scaled.backward();\n      window_loss = window_loss.defined() ? window_loss + scaled.detach() : scaled.detach();",
-     "with a scaler, the recorded window losses are the scaled ones"),
-    ("l2_amp_skipped_counts_steps", L2,
-     "    stats.skipped_windows += stepped ? 0 : 1;\n", "",
-     "with a scaler, skipped windows are not counted"),
-    ("l2_measure_no_warmup", L2,
-     "  run(small);\n  workshop::MemoryMeter meter(device);",
-     "  workshop::MemoryMeter meter(device);",
-     "measure_memory has no unmeasured first run (persistent allocations count as per-item)"),
-    ("l2_plan_no_evening", L2,
-     "  plan.micro_batch = (effective_batch + plan.accumulation_steps - 1) / plan.accumulation_steps;",
-     "  plan.micro_batch = fits;",
-     "plan_micro_batch keeps the largest micro-batch instead of evening the window out"),
-    ("l2_plan_ceil", L2,
-     "const double most = std::floor((budget_bytes - model.fixed_bytes) / model.bytes_per_item);",
-     "const double most = std::ceil((budget_bytes - model.fixed_bytes) / model.bytes_per_item);",
-     "plan_micro_batch rounds the micro-batch that fits up"),
-    # ---- lesson 3 -----------------------------------------------------------------------------------
-    ("l3_median_upper", L3S,
-     "return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);",
-     "return values[n / 2];",
-     "median of an even count takes the upper middle value"),
-    ("l3_measure_no_warmup", L3S,
-     "  for (int i = 0; i < warmup; ++i) work();\n", "",
-     "measure() skips the warm-up runs"),
-    ("l3_stopwatch_start_no_sync", L3S,
-     "  workshop::synchronize(device_);\n  running_ = true;",
-     "  running_ = true;",
-     "the stopwatch does not wait for queued device work before starting"),
-    ("l3_measure_min_is_first", L3S,
-     "  m.min_ms = *std::min_element(m.samples_ms.begin(), m.samples_ms.end());",
-     "  m.min_ms = m.samples_ms.front();",
-     "measure() reports the first sample as the minimum"),
-    ("l3_attribute_no_self_subtract", L3P,
-     "      parent.self_us -= event.total_us();  // the child's time is not the parent's own\n", "",
-     "self time includes the children's time"),
-    ("l3_attribute_pop_on_start", L3P,
-     "while (!stack.empty() && events[stack.back()].end_us < event.end_us) stack.pop_back();",
-     "while (!stack.empty() && events[stack.back()].end_us < event.start_us) stack.pop_back();",
-     "an event is attributed to an earlier sibling that ended before it ended"),
-    ("l3_attribute_phase_not_inherited", L3P,
-     "      event.phase = parent.phase;\n", "",
-     "nested ops do not inherit their parent's phase"),
-    ("l3_table_ascending", L3P,
-     "if (a.total_us != b.total_us) return a.total_us > b.total_us;",
-     "if (a.total_us != b.total_us) return a.total_us < b.total_us;",
-     "the table is sorted by ascending total time"),
-    ("l3_table_self_is_total", L3P,
-     "    row.self_us += event.self_us;",
-     "    row.self_us += event.total_us();",
-     "the table's self column adds total times"),
-    ("l3_json_no_backslash_escape", L3P,
-     "      case '\\\\':\n        out += \"\\\\\\\\\";\n        break;\n", "",
-     "the trace does not escape backslashes in names"),
-    ("l3_stop_keeps_recording_flag", L3P,
-     "  recording_ = false;\n  std::vector<Event> events = stop_recording();",
-     "  std::vector<Event> events = stop_recording();\n  recording_ = events.empty();",
-     "stop() leaves the profiler marked as recording after an empty profile"),
-    ("l3_range_not_recorded", L3R,
-     "    record->before(name_);\n", "",
-     "ScopedRange never starts its record (the range has no name and no start)"),
-    ("l3_diagnose_sync_strict", L3B,
-     "    if (calls >= 1.0) {", "    if (calls > 1.0) {",
-     "a sync once per step is not reported"),
-    ("l3_fast_step_item_sync", L3B,
-     "    loss_sum_.add_(loss.detach());  // stays on the device; mean_loss() reads it once, after the loop",
-     "    loss_sum_.add_(loss.detach().item<double>());",
-     "the fixed step still reads the loss with .item() every step"),
-    # ---- lesson 4 -----------------------------------------------------------------------------------
-    ("l4_bytes_of_numel_only", L4B,
-     "    if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());",
-     "    if (t.defined()) bytes += t.numel() * 4;",
-     "bytes_of assumes 4-byte elements"),
-    ("l4_grads_zeroed_not_dropped", L4B,
-     "    const_cast<at::Tensor&>(p).mutable_grad().reset();",
-     "    if (p.grad().defined()) const_cast<at::Tensor&>(p).mutable_grad().zero_();",
-     "set_grads_to_none zeroes the gradients instead of freeing them"),
-    ("l4_evaluate_with_grad", L4B,
-     "  at::NoGradGuard no_grad;  // no graph: each activation is freed as soon as the next op has used it\n", "",
-     "evaluate_loss records the graph"),
-    ("l4_breakdown_activations_after_backward", L4B,
-     "    b.activations = meter.current_bytes();  // what autograd saved for backward, plus the loss itself\n    loss.backward();",
-     "    loss.backward();\n    b.activations = meter.current_bytes();",
-     "activations are measured after backward"),
-    ("l4_rng_no_replay", L4C,
-     "      set_rng_state(state->rng);  // the same dropout masks as in forward\n", "",
-     "backward recomputes without replaying the RNG state (other dropout masks)"),
-    ("l4_rng_not_restored_after", L4C,
-     "      const RngRestore restore(state->rng.cuda_device);  // backward must not disturb the training loop's stream\n", "",
-     "backward does not restore the random stream it found"),
-    ("l4_rng_restore_not_exception_safe", L4C,
-     "      const RngRestore restore(state->rng.cuda_device);  // backward must not disturb the training loop's stream\n      set_rng_state(state->rng);  // the same dropout masks as in forward\n      AutocastReplay autocast(state->autocast);\n      at::AutoGradMode grad_mode(true);\n      outputs = state->segment(inputs);",
-     "      const RngState now = get_rng_state(state->rng.cuda_device);\n      set_rng_state(state->rng);  // the same dropout masks as in forward\n      AutocastReplay autocast(state->autocast);\n      at::AutoGradMode grad_mode(true);\n      outputs = state->segment(inputs);\n      set_rng_state(now);",
-     "the random stream is put back after the recomputation, but not when it throws"),
-    ("l4_silent_when_nothing_requires_grad", L4C,
-     "    TORCH_CHECK(any_output_requires_grad, ", "    TORCH_CHECK(true || any_output_requires_grad, ",
-     "backward returns no gradient, silently, when no recomputed output requires grad"),
-    ("l4_forward_records_graph", L4C,
-     "    std::vector<at::Tensor> outputs = state->segment(std::vector<at::Tensor>(inputs.begin(), inputs.end()));",
-     "    at::AutoGradMode grad_mode(true);  // \"so that the segment sees the usual mode\"\n    std::vector<at::Tensor> outputs = state->segment(std::vector<at::Tensor>(inputs.begin(), inputs.end()));",
-     "the checkpointed forward runs with grad mode on: its intermediates live until the segment ends"),
-    ("l4_no_autocast_replay", L4C,
-     "      AutocastReplay autocast(state->autocast);\n", "",
-     "backward recomputes without the forward's autocast state"),
-    ("l4_params_get_no_grad", L4C,
-     "      const at::Tensor& target = i < n ? inputs[i] : saved[i];",
-     "      const at::Tensor& target = i < n ? inputs[i] : at::Tensor();\n      if (!target.defined()) continue;",
-     "checkpoint gives gradients to the inputs only, not to the parameters"),
-    ("l4_rng_captured_after_forward", L4C,
-     "    state->rng = get_rng_state(cuda_device_of(saved));\n    state->autocast = current_autocast_state();\n    std::vector<at::Tensor> outputs = state->segment(std::vector<at::Tensor>(inputs.begin(), inputs.end()));",
-     "    state->autocast = current_autocast_state();\n    std::vector<at::Tensor> outputs = state->segment(std::vector<at::Tensor>(inputs.begin(), inputs.end()));\n    state->rng = get_rng_state(cuda_device_of(saved));",
-     "the RNG state is captured after the forward's draws"),
-    ("l4_seq_last_checkpointed", L4Q,
-     "    if (s + 1 == segments) {", "    if (false) {",
-     "checkpoint_sequential checkpoints the last segment too (it is recomputed for nothing)"),
-    ("l4_seq_remainder_last", L4Q,
-     "const int64_t end = begin + base + (s < extra ? 1 : 0);",
-     "const int64_t end = s + 1 == segments ? layers : begin + base;",
-     "checkpoint_sequential puts all the remainder layers into the last segment"),
-    ("l4_seq_params_of_first_layer", L4Q,
-     "      for (int64_t j = begin; j < end; ++j) {\n        for (const at::Tensor& p : model->ptr(j)->parameters()) params.push_back(p);",
-     "      for (int64_t j = begin; j < begin + 1; ++j) {\n        for (const at::Tensor& p : model->ptr(j)->parameters()) params.push_back(p);",
-     "a segment passes only its first layer's parameters to checkpoint"),
-    ("l4_step_loss_unweighted", L4P,
-     "loss = at::mse_loss(out.to(at::kFloat), targets.narrow(0, start, n)) * (static_cast<double>(n) / rows);",
-     "loss = at::mse_loss(out.to(at::kFloat), targets.narrow(0, start, n));",
-     "the micro-batch losses are not weighted by their share of the batch"),
-    ("l4_step_low_precision_ignored", L4P,
-     "amp::AutocastGuard autocast(device, c10::ScalarType::BFloat16, recipe.low_precision);",
-     "amp::AutocastGuard autocast(device, c10::ScalarType::BFloat16, false);",
-     "train_step ignores recipe.low_precision"),
-    ("l4_step_keeps_old_grads", L4P,
-     "  set_grads_to_none(parameters);  // last step's gradients are freed before this step's activations arrive\n", "",
-     "train_step does not clear last step's gradients"),
-    ("l4_recipes_no_16bit", L4P,
-     "      for (bool low_precision : {false, true}) {",
-     "      for (bool low_precision : {false}) {",
-     "the planner never considers 16-bit recipes"),
-    ("l4_recipes_root_floor", L4P,
-     "static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(layers))))",
-     "static_cast<int64_t>(std::sqrt(static_cast<double>(layers)))",
-     "the planner's segment count is floor(sqrt(layers)) instead of the rounded root"),
-    ("l4_plan_probe_not_counted", L4P,
-     "  plan.probes = 1;", "  plan.probes = 0;",
-     "the planner does not count the probe of the least-memory recipe"),
-    ("l4_step_total_last_chunk", L4P,
-     "    total += loss.item<double>();", "    total = loss.item<double>();",
-     "train_step returns the last chunk's weighted loss instead of the batch loss"),
-    ("l4_breakdown_peak_without_parameters", L4B,
-     "  b.peak = b.parameters + meter.peak_bytes();", "  b.peak = meter.peak_bytes();",
-     "the breakdown's peak leaves out the parameters the meter's baseline holds"),
-    ("l3_median_unsorted", L3S,
-     "  std::sort(values.begin(), values.end());\n", "",
-     "median() forgets to sort"),
-    ("l3_prepare_global_std", L3B,
-     "  const auto std = all.std(0);", "  const auto std = all.std();",
-     "the fixed loop normalises by one global std instead of per feature"),
-    ("l2_amp_no_zero_grad", L2,
-     "    optimizer.zero_grad();\n    at::Tensor window_loss;\n    for (size_t i = begin; i < end; ++i) {\n      at::Tensor loss;",
-     "    at::Tensor window_loss;\n    for (size_t i = begin; i < end; ++i) {\n      at::Tensor loss;",
-     "with a scaler, gradients are never zeroed between windows"),
-    ("l4_plan_returns_last_probe", L4P,
-     "  plan.recipe = recipes.back();\n  plan.peak_bytes = smallest;\n  return plan;",
-     "  plan.recipe = recipes.front();\n  plan.peak_bytes = smallest;\n  return plan;",
-     "when only the least-memory recipe fits, the plan names the first recipe"),
-    # ---- lesson 1: the scaler as lesson 5 extends it ------------------------------------------------
-    ("l1_step_unscales_nonvirtual", L1S,
-     "  if (state.stage == Stage::kReady) unscale_(optimizer);",
-     "  if (state.stage == Stage::kReady) GradScaler::unscale_(optimizer);",
-     "step() unscales with the base class's unscale_, bypassing a subclass's override (lesson 5's agreement)"),
-    # ---- lesson 5 -----------------------------------------------------------------------------------
-    ("l5_average_divides_after_sum", L5,
-     "    tensor.div_(comm.world_size());  // first: the sum of N divided values cannot overflow where each did not\n  }\n  comm.all_reduce(tensor);  // sum over the ranks, in place on every rank\n",
-     "  }\n  comm.all_reduce(tensor);  // sum over the ranks, in place on every rank\n  tensor.div_(comm.world_size());\n",
-     "average_ sums first and divides after (overflows in 16 bits where DDP's order does not)"),
-    ("l5_sync_module_states_no_broadcast", L5,
-     "  for (const at::Tensor& t : states) comm.broadcast(t.detach(), 0);  // rank 0's values, in place everywhere\n",
-     "",
-     "sync_module_states checks the shapes but sends nothing: replicas built from different seeds stay different"),
-    ("l5_reducer_does_not_sync_states", L5,
-     "  sync_module_states(comm_, params);  // every replica starts from rank 0's parameters, frozen ones included",
-     "  check_same_shapes(comm_, params);",
-     "the reducer only checks shapes at construction, as before: no broadcast from rank 0"),
-    ("l5_buckets_close_before_limit", L5,
-     "    if (acc.bucket.bytes >= limit) {  // closes once it REACHES the limit, with this parameter in it",
-     "    if (acc.bucket.bytes > limit) {",
-     "a bucket that reaches its limit exactly stays open"),
-    ("l5_buckets_no_first_limit", L5,
-     "    const int64_t limit = acc.first ? first_bucket_bytes : bucket_bytes;",
-     "    const int64_t limit = bucket_bytes;",
-     "make_buckets ignores DDP's small first bucket"),
-    ("l5_buckets_one_accumulator", L5,
-     "    Open& acc = open[p.scalar_type()];",
-     "    Open& acc = open[c10::ScalarType::Float];",
-     "one accumulator for all dtypes: a float64 gradient lands in a float32 bucket"),
-    ("l5_bucketed_no_shape_check", L5,
-     "  check_same_shapes(comm, params);  // different models would make buckets of different sizes on the ranks\n",
-     "",
-     "the bucketed path does not check the models: different models make mismatched all-reduces"),
-    ("l5_reducer_keeps_frozen", L5,
-     "    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params_.push_back(p);",
-     "    if (seen.insert(p.unsafeGetTensorImpl()).second) params_.push_back(p);",
-     "the reducer keeps parameters that do not require grad (fine-tuning with frozen layers breaks)"),
-    ("l5_reducer_no_dedup", L5,
-     "    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params_.push_back(p);",
-     "    if (p.requires_grad()) params_.push_back(p);",
-     "a tensor listed twice is reduced twice"),
-    ("l5_reducer_forgets_division", L5,
-     "  slot.div_(comm_.world_size());  // as DDP: divided before the sum, not after\n",
-     "",
-     "the hook copies the gradient into the bucket without dividing by N"),
-    ("l5_finish_no_used_map", L5,
-     "  comm_.all_reduce(unused);  // summed: on how many ranks each parameter got no gradient\n",
-     "",
-     "finish() does not agree on missing gradients: a parameter unused on one rank fails there only"),
-    ("l5_no_sync_read_in_backward", L5,
-     "  forward_sync_ = sync_ ? 1 : 0;  // DDP reads require_backward_grad_sync in forward, not in backward",
-     "  forward_sync_ = -1;",
-     "forward() does not record sync(): no_sync is decided in backward, unlike DDP"),
-    ("l5_forward_misses_forgotten_finish", L5,
-     "  TORCH_CHECK(!synced_backward_, \"rank \", comm_.rank(),\n              \": Reducer::forward: finish() was not called after the previous backward\");\n",
-     "",
-     "forward() does not notice that finish() was not called after a synced backward"),
-    ("l5_grad_ready_misses_forgotten_finish", L5,
-     "  TORCH_CHECK(!ready_[index], \"rank \", comm_.rank(), \": Reducer: parameter \", index,\n              \" got a second gradient before finish(); finish() was not called after the previous backward\");\n",
-     "",
-     "a second backward without finish() silently overwrites the bucket"),
-    ("l5_sharded_scaler_no_agreement", L5,
-     "  found_inf.copy_(flags.narrow(0, 0, 1));  // the flag step() and update() read: 1 on every rank if on any\n",
-     "",
-     "ShardedGradScaler all-reduces found_inf but does not record the agreed flag"),
-    ("l5_sharded_scaler_throws_alone", L5,
-     "  std::exception_ptr failed;\n  try {\n    amp::GradScaler::unscale_(optimizer);  // this rank's gradients only\n  } catch (...) {\n    failed = std::current_exception();\n  }\n",
-     "  std::exception_ptr failed;\n  amp::GradScaler::unscale_(optimizer);\n",
-     "a rank whose unscale_ throws leaves the others waiting in the all-reduce"),
-    ("l5_zero_no_empty_rank_check", L5,
-     "  for (int r = 0; r < comm_.world_size(); ++r) {\n    TORCH_CHECK(std::find(owners_.begin(), owners_.end(), r) != owners_.end(),",
-     "  for (int r = 0; r < 0; ++r) {\n    TORCH_CHECK(std::find(owners_.begin(), owners_.end(), r) != owners_.end(),",
-     "ZeroOptimizer::step(scaler) does not name the rank that owns no parameters"),
-    ("l5_zero_no_shape_check", L5,
-     "  check_same_shapes(comm_, params_);  // the broadcasts of sync_parameters must match in size on every rank\n",
-     "",
-     "ZeroOptimizer does not check the models: different models make mismatched broadcasts"),
-    ("l5_partition_by_bytes", L5,
-     "  auto size = [&](size_t i) { return params[i].numel(); };  // elements, as ZeroRedundancyOptimizer counts",
-     "  auto size = [&](size_t i) { return params[i].numel() * static_cast<int64_t>(params[i].element_size()); };",
-     "the ZeRO partition counts bytes, where PyTorch counts elements"),
-]
+
+def all_mutants():
+    """[(name, file, old, new, why)] of every lesson, in lesson order."""
+    sys.path.insert(0, HERE)
+    out = []
+    for n in LESSONS:
+        out += importlib.import_module("lesson%d" % n).MUTANTS
+    return out
 
 
 def main():
-    out_dir = os.path.join(ROOT, "tools", "mutants", "patches")
-    os.makedirs(out_dir, exist_ok=True)
-    for old in os.listdir(out_dir):
-        if old.endswith(".patch"):
-            os.remove(os.path.join(out_dir, old))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", help="write the patches into this folder (made if missing)")
+    parser.add_argument("--list", action="store_true", help="print the mutants' names")
+    parser.add_argument("patterns", nargs="*", help="globs on mutant names (default: all)")
+    args = parser.parse_args()
+    mutants = all_mutants()
+    names = [m[0] for m in mutants]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        sys.exit("mutants: names used twice: %s" % ", ".join(duplicates))
+    chosen = [(i, m) for i, m in enumerate(mutants, 1)
+              if not args.patterns or any(fnmatch.fnmatchcase(m[0], p) for p in args.patterns)]
+    if not chosen:
+        sys.exit("mutants: no mutant matches %s" % " ".join(args.patterns))
+    if args.list or not args.out:
+        for _, m in chosen:
+            print(m[0])
+        return 0
+    os.makedirs(args.out, exist_ok=True)
     problems = 0
-    names = set()
-    for index, (name, path, old, new, why) in enumerate(MUTANTS, 1):
-        assert name not in names, name
-        names.add(name)
+    for index, (name, path, old, new, why) in chosen:
         text = open(os.path.join(ROOT, path), encoding="utf-8").read()
         if text.count(old) != 1:
-            print("mutant %s: the snippet occurs %d times in %s (needs exactly 1)" % (name, text.count(old), path))
+            print("mutant %s: the snippet occurs %d times in %s (needs exactly 1)" % (name, text.count(old), path),
+                  file=sys.stderr)
             problems += 1
             continue
         mutated = text.replace(old, new)
         diff = difflib.unified_diff(text.splitlines(True), mutated.splitlines(True), "a/" + path, "b/" + path)
-        with open(os.path.join(out_dir, "%02d_%s.patch" % (index, name)), "w", encoding="utf-8") as f:
+        with open(os.path.join(args.out, "%02d_%s.patch" % (index, name)), "w", encoding="utf-8") as f:
             f.write("Mutant: %s\n\n" % why)
             f.writelines(diff)
-    print("%d mutants written to %s, %d problems" % (len(MUTANTS) - problems, out_dir, problems))
+    print("%d mutants written to %s, %d problems" % (len(chosen) - problems, args.out, problems))
     return 1 if problems else 0
 
 

@@ -2,20 +2,22 @@
 # Mutation testing of the lessons' checks (a maintainer command, not part of CI; it takes long: one Bazel
 # build and one lesson's reference checks per mutant).
 #
-#   tools/mutants/run.sh                      # every mutant in tools/mutants/patches/
-#   tools/mutants/run.sh 'l1_*' 42_l2_x.patch # some of them (globs on the file names)
+#   tools/mutants/run.sh                      # every mutant of tools/mutants/lesson*.py
+#   tools/mutants/run.sh 'l1_*' l2_amp_no_zero_grad   # some of them (globs on the mutants' names)
 #
-# Each mutant is a small patch against solutions/ (a plausible bug; tools/mutants/mutants.py writes them).
+# Each mutant is a small patch against solutions/ (a plausible bug), written at the start of the run by
+# tools/mutants/mutants.py from the definitions in tools/mutants/lessonN.py into a temporary folder (removed at
+# the end; nothing generated is committed). A definition that no longer applies stops the run before it starts.
 # For each one the runner applies it, runs `bazel test //solutions/<lesson>:all` (the lesson's reference
 # checks), reverts it, and prints CAUGHT (a check failed), SURVIVED (every check passed: no check looks at
 # that behaviour) or BROKEN (the mutant does not apply or does not compile: not counted). At the end: the
 # score, caught / (caught + survived), and the survivors. The tree is always restored (trap on exit and on
 # Ctrl-C), and the runner refuses to start when solutions/ has uncommitted changes.
-# Results also go to $MUTANTS_OUT (default: .bazel/mutants/results.txt, one line per mutant).
+# Results also go to $MUTANTS_OUT (default: .bazel/mutants/results.txt, one line per mutant); the score belongs in
+# the maintainers' page of the docs (docs/maintainers.md), not in a committed log.
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-PATCHES="$ROOT/tools/mutants/patches"
 OUT=${MUTANTS_OUT:-$ROOT/.bazel/mutants/results.txt}
 BAZEL=${BAZEL:-bazel}
 
@@ -26,6 +28,8 @@ if ! git diff --quiet -- solutions/ || [ -n "$(git status --porcelain -- solutio
 fi
 
 BACKUP=$(mktemp -d)
+PATCHES="$BACKUP/patches"
+python3 tools/mutants/mutants.py --out "$PATCHES" "$@" || { rm -rf "$BACKUP"; exit 2; }
 cp -a solutions "$BACKUP/solutions"
 restore() {
   rm -rf "$ROOT/solutions"
@@ -38,18 +42,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo; echo "interrupted: restoring solutions/"; exit 130' INT TERM
 
-selected=()
-if [ $# -eq 0 ]; then
-  selected=("$PATCHES"/*.patch)
-else
-  for pattern in "$@"; do
-    for p in "$PATCHES"/$pattern "$PATCHES"/$pattern.patch; do
-      [ -f "$p" ] || continue
-      case " ${selected[*]} " in *" $p "*) ;; *) selected+=("$p") ;; esac
-    done
-  done
-fi
-[ ${#selected[@]} -gt 0 ] && [ -f "${selected[0]}" ] || { echo "run.sh: no mutant matches" >&2; exit 2; }
+selected=("$PATCHES"/*.patch)
+[ -f "${selected[0]}" ] || { echo "run.sh: no mutant matches" >&2; exit 2; }
 
 mkdir -p "$(dirname "$OUT")"
 : > "$OUT"
