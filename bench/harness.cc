@@ -42,10 +42,14 @@ namespace {
 std::string dtype_name(c10::ScalarType dtype, bool tf32) {
   if (tf32) return "tf32";
   switch (dtype) {
-    case torch::kFloat: return "fp32";
-    case torch::kBFloat16: return "bf16";
-    case torch::kHalf: return "fp16";
-    default: return c10::toString(dtype);
+    case torch::kFloat:
+      return "fp32";
+    case torch::kBFloat16:
+      return "bf16";
+    case torch::kHalf:
+      return "fp16";
+    default:
+      return c10::toString(dtype);
   }
 }
 
@@ -63,14 +67,15 @@ std::string Ceilings::add(const std::string& key, Entry entry) {
 
 std::string Ceilings::matmul(c10::Device device, c10::ScalarType dtype, bool tf32, int64_t m, int64_t k, int64_t n,
                              int repeats) {
-  const std::string name = dtype_name(dtype, tf32) + " matmul " + std::to_string(m) + "x" + std::to_string(k) + "x" +
-                           std::to_string(n);
+  const std::string name =
+      dtype_name(dtype, tf32) + " matmul " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n);
   Entry entry{name, "GFLOP/s", 0, 0, [=] {
                 set_tf32(tf32);
                 const auto a = torch::randn({m, k}, torch::dtype(dtype).device(device));
                 const auto b = torch::randn({k, n}, torch::dtype(dtype).device(device));
                 auto out = torch::empty({m, n}, torch::dtype(dtype).device(device));
-                const auto t = workshop::time_repeated(device, [&] { torch::mm_out(out, a, b); }, 2, repeats);
+                const auto t = workshop::time_repeated(
+                    device, [&] { torch::mm_out(out, a, b); }, 2, repeats);
                 set_tf32(false);
                 return 2.0 * m * k * n / (t.min_ms * 1e-3);
               }};
@@ -82,7 +87,8 @@ std::string Ceilings::copy(c10::Device device, int64_t floats, int repeats) {
   Entry entry{name, "GB/s", 0, 0, [=] {
                 const auto src = torch::randn({floats}, device);
                 auto dst = torch::empty({floats}, device);
-                const auto t = workshop::time_repeated(device, [&] { dst.copy_(src); }, 2, repeats);
+                const auto t = workshop::time_repeated(
+                    device, [&] { dst.copy_(src); }, 2, repeats);
                 return 2.0 * 4.0 * floats / (t.min_ms * 1e-3);  // read + write
               }};
   return add(name, std::move(entry));
@@ -161,11 +167,7 @@ std::string time_verdict(const workshop::Timing& ours, const PeerRow& theirs) {
 
 std::string peak_cell(int64_t bytes) { return bytes < 0 ? "-" : workshop::mib(static_cast<double>(bytes)); }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+double median_of(std::vector<double> v) { return workshop::median(std::move(v)); }
 
 // Each case runs `rounds` times, ours and then PyTorch's each round, so that on a shared machine both sides
 // meet the same spells of other work; a row's time is the median of its rounds' medians.
@@ -239,18 +241,21 @@ int run_bench(int argc, char** argv, const std::vector<Case>& cases) {
   std::vector<std::string> names;
   for (const Case& bench_case : cases) names.push_back(bench_case.name);
   try {
-    workshop::Flags flags(argc, argv, {{"device", "best (default), cpu, cuda"},
-                                       {"quick", "small sizes (a smoke run)"},
-                                       {"cases", "comma-separated: " + join(names, ",") + " (default all)"},
-                                       {"world_sizes", "lesson 5 ranks, comma-separated (default 2,4; --quick: 2)"},
-                                       {"out_dir", "write bench_<device>.csv and .md there"},
-                                       {"threads", "ATen intra-op threads, ours and the peer's (default: LibTorch's)"},
-                                       {"peer", "on (default): run PyTorch's implementations beside ours; off"},
-                                       {"rounds", "run each case (ours, then PyTorch's) this many times; medians of "
-                                                  "the rounds' medians (default 1)"},
-                                       {"peer_python", "the peer's interpreter (default $WORKSHOP_PEER_PYTHON, "
-                                                       "else /usr/bin/python3)"},
-                                       {"peer_script", "bench/peer.py (default: from the runfiles)"}});
+    workshop::Flags flags(argc, argv,
+                          {{"device", "best (default), cpu, cuda"},
+                           {"quick", "small sizes (a smoke run)"},
+                           {"cases", "comma-separated: " + join(names, ",") + " (default all)"},
+                           {"world_sizes", "lesson 5 ranks, comma-separated (default 2,4; --quick: 2)"},
+                           {"out_dir", "write bench_<device>.csv and .md there"},
+                           {"threads", "ATen intra-op threads, ours and the peer's (default: LibTorch's)"},
+                           {"peer", "on (default): run PyTorch's implementations beside ours; off"},
+                           {"rounds",
+                            "run each case (ours, then PyTorch's) this many times; medians of "
+                            "the rounds' medians (default 1)"},
+                           {"peer_python",
+                            "the peer's interpreter (default $WORKSHOP_PEER_PYTHON, "
+                            "else /usr/bin/python3)"},
+                           {"peer_script", "bench/peer.py (default: from the runfiles)"}});
     Context c;
     c.device = workshop::parse_device(flags.get("device", "best"));
     c.quick = flags.has("quick");
@@ -322,19 +327,24 @@ int run_bench(int argc, char** argv, const std::vector<Case>& cases) {
       fractions.push_back(of_ceiling(c.ceilings, r));
       suspects += fractions.back().suspect ? 1 : 0;
     }
-    c.notes.push_back("Ceilings are measured the way the rows run (same process and thread count, the same matmul "
-                      "shape and dtype as the row's largest layer, the same copy size as the scaler's gradients), "
-                      "each time a case runs, and the best repetition of all those measurements is kept: a best "
-                      "case. A row's rate is its median step's. A row faster than its ceiling gets the ceiling "
-                      "measured again (up to " + std::to_string(kRemeasures) + " times); if it still is, the cell "
-                      "reads \"suspect\" (" + std::to_string(suspects) + " in this run): the row's FLOP count or "
-                      "the ceiling's shape does not describe the work.");
+    c.notes.push_back(
+        "Ceilings are measured the way the rows run (same process and thread count, the same matmul "
+        "shape and dtype as the row's largest layer, the same copy size as the scaler's gradients), "
+        "each time a case runs, and the best repetition of all those measurements is kept: a best "
+        "case. A row's rate is its median step's. A row faster than its ceiling gets the ceiling "
+        "measured again (up to " +
+        std::to_string(kRemeasures) +
+        " times); if it still is, the cell "
+        "reads \"suspect\" (" +
+        std::to_string(suspects) +
+        " in this run): the row's FLOP count or "
+        "the ceiling's shape does not describe the work.");
     const std::string load_end = load_average();
-    const std::string load = load_start.empty() ? "unknown"
-                                                : load_start + " at the start, " + load_end + " at the end, " +
-                                                      fixed(highest_load, 2) + " at the highest between cases (" +
-                                                      std::to_string(std::thread::hardware_concurrency()) +
-                                                      " hardware threads)";
+    const std::string load = load_start.empty()
+                                 ? "unknown"
+                                 : load_start + " at the start, " + load_end + " at the end, " +
+                                       fixed(highest_load, 2) + " at the highest between cases (" +
+                                       std::to_string(std::thread::hardware_concurrency()) + " hardware threads)";
     if (!load_start.empty() && highest_load > static_cast<double>(std::thread::hardware_concurrency())) {
       c.notes.push_back("The machine was shared: a 1-minute load average up to " + fixed(highest_load, 2) + " on " +
                         std::to_string(std::thread::hardware_concurrency()) +
@@ -365,9 +375,9 @@ int run_bench(int argc, char** argv, const std::vector<Case>& cases) {
       const bool has_ceiling = !r.ceiling_key.empty();
       table.add({r.bench, r.variant, fixed(r.timing.median_ms, 2),
                  fixed(r.timing.min_ms, 2) + ".." + fixed(r.timing.max_ms, 2), fixed(achieved / 1e9, 1),
-                 has_ceiling ? fixed(c.ceilings.best(r.ceiling_key) / 1e9, 1) + " (" + c.ceilings.name(r.ceiling_key) +
-                                   ")"
-                             : "-",
+                 has_ceiling
+                     ? fixed(c.ceilings.best(r.ceiling_key) / 1e9, 1) + " (" + c.ceilings.name(r.ceiling_key) + ")"
+                     : "-",
                  fractions[i].cell, fixed(r.ratio, 2) + "x", r.note});
     }
     // Ours and PyTorch's, one line per workload.
@@ -378,10 +388,11 @@ int run_bench(int argc, char** argv, const std::vector<Case>& cases) {
     for (const auto& r : c.rows) {
       if (r.key.empty()) continue;
       const PeerRow* p = peer.find(r.key);
-      std::string theirs_ms = "-", time_ratio = "-", min_ratio = "-", verdict = "-", theirs_peak = "-", peak_ratio = "-",
-                  what;
+      std::string theirs_ms = "-", time_ratio = "-", min_ratio = "-", verdict = "-", theirs_peak = "-",
+                  peak_ratio = "-", what;
       if (!peer.available() && p == nullptr) {
-        what = "not run (" + (peer.missing().empty() ? std::string("peer failed") : std::string("peer not installed")) + ")";
+        what = "not run (" + (peer.missing().empty() ? std::string("peer failed") : std::string("peer not installed")) +
+               ")";
       } else if (p == nullptr) {
         what = "no row from the peer";
       } else if (!p->unavailable.empty()) {
@@ -425,9 +436,12 @@ int run_bench(int argc, char** argv, const std::vector<Case>& cases) {
     const std::string scaler_napkin =
         "GradScaler cost per step (scale + unscale_ + step with a no-op optimizer + update), " +
         std::to_string(c.scaler_tensors) + " float32 gradient tensors, " + fixed(c.scaler_elements / 1e6, 2) +
-        " M elements (" + workshop::mib(4.0 * c.scaler_elements) + "). Napkin math: one pass reads and writes each "
-        "gradient once, " + workshop::mib(min_bytes) + " per step; at the measured copy ceiling (" +
-        fixed(copy_ceiling / 1e9, 1) + " GB/s) that is " + fixed(min_ms, 3) + " ms, the floor. The plain path "
+        " M elements (" + workshop::mib(4.0 * c.scaler_elements) +
+        "). Napkin math: one pass reads and writes each "
+        "gradient once, " +
+        workshop::mib(min_bytes) + " per step; at the measured copy ceiling (" + fixed(copy_ceiling / 1e9, 1) +
+        " GB/s) that is " + fixed(min_ms, 3) +
+        " ms, the floor. The plain path "
         "makes three passes (`isfinite` reads 4 B and writes 1 B per element, `all` reads 1 B, `mul_` reads and "
         "writes 8 B: about 14 B per element) and launches 5 ops per gradient where the fused path launches one "
         "kernel for all of them.";
@@ -460,10 +474,26 @@ int run_bench(int argc, char** argv, const std::vector<Case>& cases) {
       const std::string date = now_utc();
       const std::string pytorch = peer.available() ? peer.torch_version() : "not run";
       const std::string threads = std::to_string(at::get_num_threads());
-      workshop::Table csv("bench_" + kind, {"benchmark", "variant", "impl", "median_ms", "min_ms", "max_ms", "flops",
-                                            "peak_or_bytes", "same_way_peak_bytes", "ceiling_flops_per_s", "ceiling",
-                                            "ratio", "ours_over_pytorch_time", "note", "device", "libtorch",
-                                            "pytorch_version", "threads", "date", "command"});
+      workshop::Table csv("bench_" + kind, {"benchmark",
+                                            "variant",
+                                            "impl",
+                                            "median_ms",
+                                            "min_ms",
+                                            "max_ms",
+                                            "flops",
+                                            "peak_or_bytes",
+                                            "same_way_peak_bytes",
+                                            "ceiling_flops_per_s",
+                                            "ceiling",
+                                            "ratio",
+                                            "ours_over_pytorch_time",
+                                            "note",
+                                            "device",
+                                            "libtorch",
+                                            "pytorch_version",
+                                            "threads",
+                                            "date",
+                                            "command"});
       const auto add = [&](const std::vector<std::string>& cells) {
         std::vector<std::string> row = cells;
         for (const auto& s : {name, std::string(TORCH_VERSION), pytorch, threads, date, command}) row.push_back(s);

@@ -90,9 +90,9 @@ struct Context {
 
 /// One benchmark case: a lesson's claim, run by name (--cases=NAME,...).
 struct Case {
-  std::string name;              ///< e.g. "l1"
-  void (*run)(Context&);         ///< adds the case's rows (and runs its peer), once per round
-  bool once = false;             ///< true: run once whatever --rounds (lesson 5 relaunches processes)
+  std::string name;                    ///< e.g. "l1"
+  void (*run)(Context&);               ///< adds the case's rows (and runs its peer), once per round
+  bool once = false;                   ///< true: run once whatever --rounds (lesson 5 relaunches processes)
   void (*finish)(Context&) = nullptr;  ///< after all rounds (e.g. take the peer's summary over the rounds)
   /// A case whose workers are processes of this binary: returns their exit code when argv is a worker's, -1
   /// otherwise. The harness asks every case before anything else.

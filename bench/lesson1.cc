@@ -54,7 +54,8 @@ void lesson1(Context& c) {
     options.dtype = v.dtype;
     options.autocast = v.autocast;
     const auto step = [&] {
-      amp::train_step(sgd, scaler, [&] { return torch::mse_loss(model->forward(x).to(torch::kFloat), y); }, options);
+      amp::train_step(
+          sgd, scaler, [&] { return torch::mse_loss(model->forward(x).to(torch::kFloat), y); }, options);
     };
     // The ceiling: this variant's layer matmul ([batch, width] x [width, width], its dtype), measured now.
     const std::string ceiling = c.ceilings.matmul(c.device, v.dtype, v.tf32, batch, width, width, repeats);
@@ -66,14 +67,14 @@ void lesson1(Context& c) {
     const int64_t same_way = bench::same_way_peak_bytes(c.device, step);
     set_tf32(false);
     if (baseline_ms == 0) baseline_ms = t.median_ms;
-    Row row{"lesson 1: training step", v.name, t, flops, peak, ceiling, baseline_ms / t.median_ms,
+    Row row{"lesson 1: training step",     v.name,        t,       flops, peak, ceiling, baseline_ms / t.median_ms,
             "peak " + workshop::mib(peak), "l1." + v.key, same_way};
     c.rows.push_back(row);
     keys.push_back(v.key);
   }
-  c.peer->run("l1", "width=" + std::to_string(width) + ",depth=" + std::to_string(depth) + ",batch=" +
-                        std::to_string(batch) + ",warmup=" + std::to_string(warmup) + ",repeats=" +
-                        std::to_string(repeats) + ",variants=" + join(keys, "+"));
+  c.peer->run("l1", "width=" + std::to_string(width) + ",depth=" + std::to_string(depth) +
+                        ",batch=" + std::to_string(batch) + ",warmup=" + std::to_string(warmup) +
+                        ",repeats=" + std::to_string(repeats) + ",variants=" + join(keys, "+"));
 }
 
 }  // namespace bench

@@ -50,10 +50,16 @@ void lesson2(Context& c) {
       baseline_ms = t.median_ms;
       baseline_bytes = peak;
     }
-    Row row{"lesson 2: accumulation", "K=" + std::to_string(k) + " (micro-batch " + std::to_string(batch / k) + ")",
-            t, 6.0 * batch * (256.0 * width + width * width + width * 16.0), peak, ceiling, baseline_ms / t.median_ms,
+    Row row{"lesson 2: accumulation",
+            "K=" + std::to_string(k) + " (micro-batch " + std::to_string(batch / k) + ")",
+            t,
+            6.0 * batch * (256.0 * width + width * width + width * 16.0),
+            peak,
+            ceiling,
+            baseline_ms / t.median_ms,
             "peak " + workshop::mib(peak) + ", " + fixed(baseline_bytes / std::max(peak, 1.0), 2) + "x less than K=1",
-            "l2.k" + std::to_string(k), same_way};
+            "l2.k" + std::to_string(k),
+            same_way};
     c.rows.push_back(row);
     k_names.push_back(std::to_string(k));
   }

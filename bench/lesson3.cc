@@ -21,13 +21,15 @@ void lesson3(Context& c) {
   prof::Trainer slow(options, c.device), fast(options, c.device);
   fast.prepare();
   const int repeats = c.quick ? 5 : 20;
-  const auto t_slow = workshop::time_repeated(c.device, [&] { slow.slow_step(); }, 3, repeats);
-  const auto t_fast = workshop::time_repeated(c.device, [&] { fast.fast_step(); }, 3, repeats);
+  const auto t_slow = workshop::time_repeated(
+      c.device, [&] { slow.slow_step(); }, 3, repeats);
+  const auto t_fast = workshop::time_repeated(
+      c.device, [&] { fast.fast_step(); }, 3, repeats);
   const double flops = 6.0 * options.batch * (options.features * options.hidden + options.hidden * options.classes);
   c.rows.push_back(Row{"lesson 3: training loop", "planted problems (sync, data in step, tiny ops)", t_slow, flops, 0,
                        "", 1.0, "", "", -1});
-  c.rows.push_back(Row{"lesson 3: training loop", "fixed", t_fast, flops, 0, "", t_slow.median_ms / t_fast.median_ms,
-                       "", "", -1});
+  c.rows.push_back(
+      Row{"lesson 3: training loop", "fixed", t_fast, flops, 0, "", t_slow.median_ms / t_fast.median_ms, "", "", -1});
 }
 
 }  // namespace bench

@@ -87,14 +87,15 @@ void lesson4(Context& c) {
     std::string key = recipe;
     std::replace(key.begin(), key.end(), ':', '_');
     workshop::Timing timing{m.median_step_ms, m.median_step_ms, m.median_step_ms, {}};
-    c.rows.push_back(Row{"lesson 4: memory", v.name, timing, 6.0 * spec.batch * spec.layers * spec.width * spec.width,
-                         peak, "", base_ms / m.median_step_ms,
-                         "step peak " + workshop::mib(peak) + ", " + fixed(base_bytes / std::max(peak, 1.0), 2) +
-                             "x lower",
-                         "l4." + key, same_way});
+    c.rows.push_back(
+        Row{"lesson 4: memory", v.name, timing, 6.0 * spec.batch * spec.layers * spec.width * spec.width, peak, "",
+            base_ms / m.median_step_ms,
+            "step peak " + workshop::mib(peak) + ", " + fixed(base_bytes / std::max(peak, 1.0), 2) + "x lower",
+            "l4." + key, same_way});
   }
-  c.peer->run("l4", "layers=" + std::to_string(spec.layers) + ",width=" + std::to_string(spec.width) + ",batch=" +
-                        std::to_string(spec.batch) + ",timed=" + std::to_string(timed) + ",recipes=" + join(recipes, "+"));
+  c.peer->run("l4", "layers=" + std::to_string(spec.layers) + ",width=" + std::to_string(spec.width) +
+                        ",batch=" + std::to_string(spec.batch) + ",timed=" + std::to_string(timed) +
+                        ",recipes=" + join(recipes, "+"));
   c.notes.push_back("Lesson 4, segments: " + std::to_string(spec.layers) + " layers in 6 segments are " +
                     split_of(spec.layers, 6, false) + " (ours) and " + split_of(spec.layers, 6, true) +
                     " (PyTorch's checkpoint_sequential), the last segment, after the bar, runs without checkpointing: "
@@ -102,10 +103,11 @@ void lesson4(Context& c) {
   if (c.peer->available()) {
     const bench::PeerRow* r = c.peer->find("l4.0_6_0");
     if (r != nullptr && r->what.find("non-reentrant") == std::string::npos) {
-      c.notes.push_back("Lesson 4, mode: this PyTorch's checkpoint_sequential is reentrant only, which gives the first "
-                        "segment's parameters no gradient unless the segment input requires grad; the peer sets "
-                        "requires_grad on the input, which adds the input gradient of layer 1 (one matmul) that ours "
-                        "skips (its checkpoint takes the parameters explicitly).");
+      c.notes.push_back(
+          "Lesson 4, mode: this PyTorch's checkpoint_sequential is reentrant only, which gives the first "
+          "segment's parameters no gradient unless the segment input requires grad; the peer sets "
+          "requires_grad on the input, which adds the input gradient of layer 1 (one matmul) that ours "
+          "skips (its checkpoint takes the parameters explicitly).");
     }
   }
 }

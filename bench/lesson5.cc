@@ -68,8 +68,8 @@ void lesson5(Context& c) {
   for (int n : c.world_sizes) {
     config = l5demo::config_for(c.quick, n);
     std::cout << "lesson 5: " << n << " ranks, MLP " << config.depth << " x " << config.width << ", batch "
-              << config.batch << ", bucket budget " << workshop::mib(static_cast<double>(config.bucket_bytes))
-              << ", " << threads << " thread(s) per rank" << std::endl;
+              << config.batch << ", bucket budget " << workshop::mib(static_cast<double>(config.bucket_bytes)) << ", "
+              << threads << " thread(s) per rank" << std::endl;
     double probe_ms = 0;
     int64_t probe_bytes = 0;
     const std::vector<l5demo::Result> results =
@@ -96,10 +96,11 @@ void lesson5(Context& c) {
   }
   if (worlds.empty()) return;
   // Every world size has the same sizes but for the ranks (config_for); the peer runs them all in one call.
-  c.peer->run("l5", "worlds=" + join(worlds, "+") + ",width=" + std::to_string(config.width) + ",depth=" +
-                        std::to_string(config.depth) + ",batch=" + std::to_string(config.batch) + ",bucket_bytes=" +
-                        std::to_string(config.bucket_bytes) + ",steps=" + std::to_string(config.steps) +
-                        ",threads=" + std::to_string(threads) + ",timeout=" + std::string(c.quick ? "180" : "600"));
+  c.peer->run("l5", "worlds=" + join(worlds, "+") + ",width=" + std::to_string(config.width) +
+                        ",depth=" + std::to_string(config.depth) + ",batch=" + std::to_string(config.batch) +
+                        ",bucket_bytes=" + std::to_string(config.bucket_bytes) +
+                        ",steps=" + std::to_string(config.steps) + ",threads=" + std::to_string(threads) +
+                        ",timeout=" + std::string(c.quick ? "180" : "600"));
   c.notes.push_back(
       "Lesson 5: PyTorch's side is DistributedDataParallel (gloo, bucket_cap_mb = our bucket budget, which "
       "overlaps by default: beside our \"bucketed + overlap\") and DDP + ZeroRedundancyOptimizer(Adam) beside our "

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -53,7 +54,8 @@ std::string find_peer_script(const char* argv0, const std::string& flag) {
   if (!flag.empty()) return flag;
   const std::string relative = "torch_perf_workshop/bench/peer.py";
   const char* runfiles = std::getenv("RUNFILES_DIR");
-  if (runfiles != nullptr && is_file(std::string(runfiles) + "/" + relative)) return std::string(runfiles) + "/" + relative;
+  if (runfiles != nullptr && is_file(std::string(runfiles) + "/" + relative))
+    return std::string(runfiles) + "/" + relative;
   if (argv0 != nullptr && is_file(std::string(argv0) + ".runfiles/" + relative)) {
     return std::string(argv0) + ".runfiles/" + relative;
   }
@@ -72,8 +74,8 @@ Peer::Peer(PeerOptions options) : options_(std::move(options)) {
 
 void Peer::run(const std::string& case_name, const std::string& spec) {
   if (!missing_.empty() || !failure_.empty()) return;
-  const std::string device = options_.device.is_cuda() ? "cuda:" + std::to_string(std::max<int>(0, options_.device.index()))
-                                                      : "cpu";
+  const std::string device =
+      options_.device.is_cuda() ? "cuda:" + std::to_string(std::max<int>(0, options_.device.index())) : "cpu";
   const std::string command = shell_quote(options_.python) + " " + shell_quote(options_.script) +
                               " --device=" + device + " --threads=" + std::to_string(options_.threads) +
                               " --case=" + shell_quote(case_name) + " --spec=" + shell_quote(spec);
@@ -120,13 +122,11 @@ void Peer::run(const std::string& case_name, const std::string& spec) {
     std::vector<double> medians;
     for (const PeerRow& r : runs) {
       if (!r.unavailable.empty()) summary.unavailable = r.unavailable;
-      medians.push_back(r.median_ms);
+      if (std::isfinite(r.median_ms)) medians.push_back(r.median_ms);
       summary.min_ms = std::min(summary.min_ms, r.min_ms);
       summary.max_ms = std::max(summary.max_ms, r.max_ms);
     }
-    std::sort(medians.begin(), medians.end());
-    const size_t n = medians.size();
-    summary.median_ms = n % 2 ? medians[n / 2] : 0.5 * (medians[n / 2 - 1] + medians[n / 2]);
+    if (!medians.empty()) summary.median_ms = workshop::median(medians);
     rows_[entry.first] = summary;
   }
   if (code == 3) {
@@ -161,8 +161,8 @@ int64_t same_way_peak_bytes(c10::Device device, const std::function<void()>& wor
   }
   namespace legacy = torch::autograd::profiler;
   legacy::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU,
-                                                                    /*report_input_shapes=*/false,
-                                                                    /*profile_memory=*/true));
+                                                                     /*report_input_shapes=*/false,
+                                                                     /*profile_memory=*/true));
   try {
     work();  // primes: every block the measured run frees is then one the profiler saw allocated
     if (between) between();
@@ -189,7 +189,8 @@ int64_t same_way_peak_bytes(c10::Device device, const std::function<void()>& wor
   for (const auto& list : lists) {
     for (const auto& event : list) {
       const bool range = event.kind() == legacy::EventKind::PushRange || event.kind() == legacy::EventKind::PopRange;
-      if (event.kind() == legacy::EventKind::MemoryAlloc || (range && event.handle() == marker)) events.push_back(&event);
+      if (event.kind() == legacy::EventKind::MemoryAlloc || (range && event.handle() == marker))
+        events.push_back(&event);
     }
   }
   TORCH_CHECK(!events.empty(), "same_way_peak_bytes: the profiler recorded no event");

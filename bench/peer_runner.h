@@ -27,7 +27,7 @@ struct PeerOptions {
   std::string python;  ///< the interpreter (see default_peer_python)
   std::string script;  ///< bench/peer.py (see find_peer_script)
   c10::Device device{c10::kCPU};
-  int threads = 1;     ///< torch.set_num_threads in the peer: ours, at::get_num_threads()
+  int threads = 1;  ///< torch.set_num_threads in the peer: ours, at::get_num_threads()
 };
 
 /// --peer_python if given, else $WORKSHOP_PEER_PYTHON, else /usr/bin/python3 (Debian's python3-torch; a `python3`

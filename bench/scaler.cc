@@ -53,12 +53,11 @@ void scaler(Context& c) {
     amp::KernelPath kernels;
     std::string note;
   };
-  const std::vector<Path> paths{
-      {"ours, plain ops (kPlain)", amp::KernelPath::kPlain,
-       "5 ops per gradient (`isfinite`, `all`, `logical_not`, `masked_fill_`, `mul_`): " +
-           std::to_string(5 * c.scaler_tensors) + " ops"},
-      {"ours, fused ATen kernels (kFused)", amp::KernelPath::kFused,
-       "one `_amp_foreach_non_finite_check_and_unscale_` over all gradients"}};
+  const std::vector<Path> paths{{"ours, plain ops (kPlain)", amp::KernelPath::kPlain,
+                                 "5 ops per gradient (`isfinite`, `all`, `logical_not`, `masked_fill_`, `mul_`): " +
+                                     std::to_string(5 * c.scaler_tensors) + " ops"},
+                                {"ours, fused ATen kernels (kFused)", amp::KernelPath::kFused,
+                                 "one `_amp_foreach_non_finite_check_and_unscale_` over all gradients"}};
   for (const auto& path : paths) {
     ScalerRow row{path.name, {}, "", path.note};
     if (path.kernels == amp::KernelPath::kFused && !workshop::compat::has_fused_amp_kernels(c.device.type())) {
@@ -73,15 +72,18 @@ void scaler(Context& c) {
     options.init_scale = 1.0;
     options.kernels = path.kernels;
     amp::GradScaler scaler(options);
-    row.timing = workshop::time_repeated(c.device, [&] {
-      scaler.scale(loss);
-      scaler.step(optimizer);  // unscale_, one .item() sync, the (no-op) step
-      scaler.update();
-    }, warmup, repeats);
+    row.timing = workshop::time_repeated(
+        c.device,
+        [&] {
+          scaler.scale(loss);
+          scaler.step(optimizer);  // unscale_, one .item() sync, the (no-op) step
+          scaler.update();
+        },
+        warmup, repeats);
     c.scaler_rows.push_back(row);
   }
-  c.peer->run("scaler", "layers=" + std::to_string(layers) + ",width=" + std::to_string(width) + ",warmup=" +
-                            std::to_string(warmup) + ",repeats=" + std::to_string(repeats));
+  c.peer->run("scaler", "layers=" + std::to_string(layers) + ",width=" + std::to_string(width) +
+                            ",warmup=" + std::to_string(warmup) + ",repeats=" + std::to_string(repeats));
   ScalerRow theirs{"PyTorch's GradScaler", {}, "", ""};
   const bench::PeerRow* r = c.peer->find("scaler.pytorch");
   if (!c.peer->available()) {

@@ -47,7 +47,7 @@ struct Comm::Impl {
   c10::Device device{c10::kCPU};
   CommStats stats;
   std::vector<std::string> log;
-  std::chrono::microseconds delay{0};                 // simulated latency per collective (0: none)
+  std::chrono::microseconds delay{0};                  // simulated latency per collective (0: none)
   std::chrono::steady_clock::time_point seen_until{};  // when the previous collective's result was "seen"
 
   // The simulated latency: a collective that really finished at `done` is seen `delay` after the later of
@@ -81,7 +81,8 @@ struct Comm::Impl {
 
   void check_tensor(const char* op, const at::Tensor& tensor) const {
     TORCH_CHECK(tensor.defined(), "rank ", rank, ": ", op, " of an undefined tensor");
-    TORCH_CHECK(tensor.is_contiguous(), "rank ", rank, ": ", op, " needs a contiguous tensor (flatten or .contiguous() first)");
+    TORCH_CHECK(tensor.is_contiguous(), "rank ", rank, ": ", op,
+                " needs a contiguous tensor (flatten or .contiguous() first)");
     TORCH_CHECK(tensor.device() == device, "rank ", rank, ": ", op, " of a tensor on ", tensor.device(), ", but the ",
                 backend, " group works on ", device);
   }
@@ -104,9 +105,8 @@ using DoneAt = std::shared_ptr<std::atomic<int64_t>>;
 DoneAt note_completion(const c10::intrusive_ptr<c10d::Work>& work) {
   auto done = std::make_shared<std::atomic<int64_t>>(0);
   try {
-    work->getFuture()->addCallback([done](c10::ivalue::Future&) {
-      done->store(std::chrono::steady_clock::now().time_since_epoch().count());
-    });
+    work->getFuture()->addCallback(
+        [done](c10::ivalue::Future&) { done->store(std::chrono::steady_clock::now().time_since_epoch().count()); });
   } catch (const std::exception&) {
     // no future: wait() time is used
   }
@@ -119,7 +119,7 @@ struct AsyncWork::Impl {
   c10::intrusive_ptr<c10d::Work> work;
   Comm::Impl* comm = nullptr;
   std::string what;
-  at::Tensor tensor;  // keeps the buffer alive while the collective writes it
+  at::Tensor tensor;                              // keeps the buffer alive while the collective writes it
   std::shared_ptr<std::atomic<int64_t>> done_at;  // steady_clock ticks when it really finished (0: unknown)
 };
 
@@ -229,7 +229,8 @@ void Comm::broadcast(const at::Tensor& tensor, int root) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  const std::string what = "broadcast of " + std::to_string(tensor.nbytes()) + " bytes from rank " + std::to_string(root);
+  const std::string what =
+      "broadcast of " + std::to_string(tensor.nbytes()) + " bytes from rank " + std::to_string(root);
   impl_->stats.calls += 1;
   impl_->stats.broadcast_calls += 1;
   impl_->stats.broadcast_bytes += static_cast<int64_t>(tensor.nbytes());
@@ -329,8 +330,8 @@ std::vector<RankOutcome> run_ranks_collect(const LaunchOptions& options, const s
         RankOutcome& outcome = outcomes[static_cast<size_t>(rank)];
         try {
           auto store = workshop::compat::file_store(path, options.world_size, options.timeout);
-          comms[static_cast<size_t>(rank)] = make_comm(store, rank, options.world_size, options.timeout,
-                                                       options.backend);
+          comms[static_cast<size_t>(rank)] =
+              make_comm(store, rank, options.world_size, options.timeout, options.backend);
           fn(*comms[static_cast<size_t>(rank)]);
           outcome.ok = true;
         } catch (const c10::Error& error) {
@@ -352,7 +353,8 @@ void run_ranks(const LaunchOptions& options, const std::function<void(Comm&)>& f
   const std::vector<RankOutcome> outcomes = run_ranks_collect(options, fn);
   std::ostringstream errors;
   for (size_t rank = 0; rank < outcomes.size(); ++rank) {
-    if (!outcomes[rank].ok) errors << (errors.tellp() > 0 ? "\n" : "") << "rank " << rank << ": " << outcomes[rank].error;
+    if (!outcomes[rank].ok)
+      errors << (errors.tellp() > 0 ? "\n" : "") << "rank " << rank << ": " << outcomes[rank].error;
   }
   TORCH_CHECK(errors.tellp() == 0, errors.str());
 }
@@ -381,7 +383,8 @@ std::string TcpRendezvous::get(const std::string& key) {
 bool TcpRendezvous::has(const std::string& key) { return impl_->store->check({key}); }
 std::unique_ptr<Comm> TcpRendezvous::join(int rank, int world_size, const std::string& backend,
                                           const std::string& gloo_host) {
-  TORCH_CHECK(!gloo_host.empty(), "TcpRendezvous::join: the Gloo host is empty (an address such as 127.0.0.1, or "
+  TORCH_CHECK(!gloo_host.empty(),
+              "TcpRendezvous::join: the Gloo host is empty (an address such as 127.0.0.1, or "
               "iface:NAME)");
   return make_comm(impl_->store, rank, world_size, impl_->timeout, backend, gloo_host);
 }

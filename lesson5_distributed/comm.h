@@ -28,7 +28,7 @@ enum class ReduceOp { kSum, kMax };
 /// handed to the collectives (tensor.nbytes(), per call), not what the algorithm puts on the wire: a ring
 /// all-reduce of B bytes sends about 2 (N - 1) / N * B per rank (see ring_allreduce_wire_bytes).
 struct CommStats {
-  int64_t calls = 0;            ///< every collective call (all_reduce, broadcast, all_gather, barrier)
+  int64_t calls = 0;  ///< every collective call (all_reduce, broadcast, all_gather, barrier)
   int64_t all_reduce_calls = 0;
   int64_t all_reduce_bytes = 0;
   int64_t broadcast_calls = 0;
@@ -72,7 +72,7 @@ class Comm {
   int rank() const;
   int world_size() const;
   std::chrono::milliseconds timeout() const;
-  c10::Device device() const;  ///< CPU for Gloo, this rank's CUDA device for NCCL
+  c10::Device device() const;   ///< CPU for Gloo, this rank's CUDA device for NCCL
   std::string backend() const;  ///< "gloo" or "nccl"
 
   /// Combines `tensor` across the ranks (sum or max), in place on every rank. Blocks until done.

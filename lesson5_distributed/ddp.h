@@ -150,17 +150,17 @@ class Reducer {
   std::vector<at::Tensor> params_;
   ReducerOptions options_;
   std::vector<Bucket> buckets_;
-  std::vector<at::Tensor> buffers_;       ///< one flat buffer per bucket
-  std::vector<size_t> bucket_of_;         ///< parameter -> its bucket
-  std::vector<int64_t> offset_of_;        ///< parameter -> its first element in the bucket's buffer
-  std::vector<bool> ready_;               ///< parameter -> gradient copied in this backward
-  std::vector<int64_t> missing_;          ///< bucket -> gradients still missing in this backward
-  std::vector<dist::AsyncWork> work_;     ///< bucket -> its all-reduce, once launched
-  size_t next_to_launch_ = 0;             ///< buckets launch in order: 0, 1, 2, ...
-  std::vector<unsigned> hooks_;           ///< hook handles, removed by the destructor
+  std::vector<at::Tensor> buffers_;    ///< one flat buffer per bucket
+  std::vector<size_t> bucket_of_;      ///< parameter -> its bucket
+  std::vector<int64_t> offset_of_;     ///< parameter -> its first element in the bucket's buffer
+  std::vector<bool> ready_;            ///< parameter -> gradient copied in this backward
+  std::vector<int64_t> missing_;       ///< bucket -> gradients still missing in this backward
+  std::vector<dist::AsyncWork> work_;  ///< bucket -> its all-reduce, once launched
+  size_t next_to_launch_ = 0;          ///< buckets launch in order: 0, 1, 2, ...
+  std::vector<unsigned> hooks_;        ///< hook handles, removed by the destructor
   bool sync_ = true;
-  int forward_sync_ = -1;                 ///< sync() as the last forward() saw it (-1: no forward() since finish)
-  bool synced_backward_ = false;          ///< a synced backward has delivered gradients since the last finish()
+  int forward_sync_ = -1;         ///< sync() as the last forward() saw it (-1: no forward() since finish)
+  bool synced_backward_ = false;  ///< a synced backward has delivered gradients since the last finish()
   int64_t launched_in_backward_ = 0;
 };
 

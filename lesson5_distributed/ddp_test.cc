@@ -27,6 +27,7 @@
 #include "lesson2_accumulation/accumulation.h"
 #include "lesson5_distributed/comm.h"
 #include "lesson5_distributed/ddp.h"
+#include "tests/check_helpers.h"
 
 using doctest::Contains;
 
@@ -51,21 +52,8 @@ struct Data {
 };
 // [problem]
 
-std::vector<torch::Tensor> snapshot(const std::vector<torch::Tensor>& params) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : params) out.push_back(p.detach().clone());
-  return out;
-}
-
-double rel_error(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).abs().max().item<double>());
-    scale = std::max(scale, b[i].abs().max().item<double>());
-  }
-  return diff / scale;
-}
+using workshop::test::rel_error;
+using workshop::test::values_of;
 
 // N identical copies of the model, one per rank, built before the ranks start.
 std::vector<torch::nn::Sequential> replicas(int n, uint64_t seed = 5) {
@@ -83,7 +71,7 @@ std::vector<torch::Tensor> full_batch_sgd(const Data& data, int steps = 1, doubl
     torch::mse_loss(model->forward(data.x), data.y).backward();
     sgd.step();
   }
-  return snapshot(model->parameters());
+  return values_of(model->parameters());
 }
 
 dist::LaunchOptions launch(int world_size, int timeout_ms = 10000) {
@@ -146,13 +134,13 @@ TEST_CASE("[step1] per-parameter averaging after backward equals one full-batch 
       torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
       sgd.zero_grad();
       const torch::Tensor x = ddp::shard(data.x, comm.rank(), n), y = ddp::shard(data.y, comm.rank(), n);
-      torch::mse_loss(model->forward(x), y).backward();  // the mean over this rank's items
-      ddp::average_gradients(comm, model->parameters());   // the mean of the means = the full-batch mean
+      torch::mse_loss(model->forward(x), y).backward();   // the mean over this rank's items
+      ddp::average_gradients(comm, model->parameters());  // the mean of the means = the full-batch mean
       sgd.step();
       stats[comm.rank()] = comm.stats();
     });
     for (int r = 0; r < n; ++r) {
-      const double rel = rel_error(snapshot(models[r]->parameters()), reference);
+      const double rel = rel_error(values_of(models[r]->parameters()), reference);
       CAPTURE(r);
       CAPTURE(rel);
       CHECK(rel <= 1e-6);
@@ -206,7 +194,7 @@ TEST_CASE("[step1] a rank that stops early makes the others fail with a clear ti
     CHECK(outcomes[r].error.find("all_reduce") != std::string::npos);
   }
   CAPTURE(seconds);
-  CHECK(seconds < 30.0);             // bounded: the timeout, plus rendezvous, never a hang
+  CHECK(seconds < 30.0);                 // bounded: the timeout, plus rendezvous, never a hang
   CHECK(leftover_store_folders() == 0);  // the store's folder is gone
 }
 
@@ -232,8 +220,8 @@ TEST_CASE("[step1] sync_module_states gives every rank rank 0's parameters and b
     models.push_back(make_model(100 + r));  // a different seed on every rank
     buffers.push_back(torch::full({2}, static_cast<float>(r)));
   }
-  const auto rank0 = snapshot(models[0]->parameters());
-  REQUIRE(rel_error(snapshot(models[1]->parameters()), rank0) > 0);
+  const auto rank0 = values_of(models[0]->parameters());
+  REQUIRE(rel_error(values_of(models[1]->parameters()), rank0) > 0);
   std::vector<dist::CommStats> stats(n);
   dist::run_ranks(launch(n), [&](dist::Comm& comm) {
     ddp::sync_module_states(comm, models[comm.rank()]->parameters(), {buffers[comm.rank()]});
@@ -241,7 +229,7 @@ TEST_CASE("[step1] sync_module_states gives every rank rank 0's parameters and b
   });
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
-    CHECK(rel_error(snapshot(models[r]->parameters()), rank0) == 0);
+    CHECK(rel_error(values_of(models[r]->parameters()), rank0) == 0);
     CHECK(torch::equal(buffers[r], torch::zeros({2})));
     CHECK(stats[r].all_gather_calls == 1);  // the shape check, before anything is sent
     CHECK(stats[r].broadcast_calls == 7);   // 6 parameters + 1 buffer
@@ -325,7 +313,7 @@ TEST_CASE("[step2] bucketed averaging makes one all-reduce per bucket, sends the
     });
     for (int r = 0; r < n; ++r) {
       CAPTURE(r);
-      const double rel = rel_error(snapshot(models[r]->parameters()), reference);
+      const double rel = rel_error(values_of(models[r]->parameters()), reference);
       CAPTURE(rel);
       CHECK(rel <= 1e-6);
       CHECK(buckets[r] == 3);
@@ -444,7 +432,7 @@ TEST_CASE("[step3] the reducer's averaged gradients give the full-batch steps (N
       });
       for (int r = 0; r < n; ++r) {
         CAPTURE(r);
-        const double rel = rel_error(snapshot(models[r]->parameters()), reference);
+        const double rel = rel_error(values_of(models[r]->parameters()), reference);
         CAPTURE(rel);
         CHECK(rel <= 1e-6);
         CHECK(calls[r] == 12);  // (3 buckets + the "no gradient" map) x 3 steps
@@ -476,12 +464,12 @@ TEST_CASE("[step3] constructing the reducer gives every rank rank 0's parameters
   const int n = 3;
   std::vector<torch::nn::Sequential> models;
   for (int r = 0; r < n; ++r) models.push_back(make_model(100 + r));  // a different seed on every rank
-  const auto rank0 = snapshot(models[0]->parameters());
-  REQUIRE(rel_error(snapshot(models[2]->parameters()), rank0) > 0);
+  const auto rank0 = values_of(models[0]->parameters());
+  REQUIRE(rel_error(values_of(models[2]->parameters()), rank0) > 0);
   dist::run_ranks(launch(n), [&](dist::Comm& comm) { ddp::Reducer reducer(comm, models[comm.rank()]->parameters()); });
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
-    CHECK(rel_error(snapshot(models[r]->parameters()), rank0) == 0);
+    CHECK(rel_error(values_of(models[r]->parameters()), rank0) == 0);
   }
 }
 
@@ -499,7 +487,7 @@ TEST_CASE("[step3] frozen parameters are skipped and a tensor listed twice is re
     torch::mse_loss(reference_model->forward(data.x), data.y).backward();
     sgd.step();
   }
-  const auto reference = snapshot(reference_model->parameters());
+  const auto reference = values_of(reference_model->parameters());
   const int n = 2;
   auto models = replicas(n);
   std::vector<size_t> kept(n);
@@ -525,7 +513,7 @@ TEST_CASE("[step3] frozen parameters are skipped and a tensor listed twice is re
     CHECK(kept[r] == 4);  // W2, b2, W3, b3: the frozen two skipped, W3 once
     CHECK(bucket_bytes[r] == trainable);
     CHECK(reduced_bytes[r] == trainable + 4 * 4);  // the gradients once, plus the 4-entry "no gradient" map
-    const double rel = rel_error(snapshot(models[r]->parameters()), reference);
+    const double rel = rel_error(values_of(models[r]->parameters()), reference);
     CAPTURE(rel);
     CHECK(rel <= 1e-6);
     CHECK_FALSE(models[r]->parameters()[0].grad().defined());
@@ -556,7 +544,8 @@ TEST_CASE("[step3] a parameter unused on one rank only gives the error on every 
   }
 }
 
-TEST_CASE("[step3] the reducer divides before the sum: float16 gradients whose sum overflows average to a finite mean") {
+TEST_CASE(
+    "[step3] the reducer divides before the sum: float16 gradients whose sum overflows average to a finite mean") {
   std::vector<torch::Tensor> grads(2);
   dist::run_ranks(launch(2), [&](dist::Comm& comm) {
     torch::Tensor p = torch::zeros({4}, torch::kHalf).requires_grad_();
@@ -599,7 +588,8 @@ TEST_CASE("[step3] the lesson's buckets are the ones DDP rebuilds from the order
   std::vector<ddp::Bucket> buckets;
   dist::run_ranks(launch(1), [&](dist::Comm& comm) {
     const auto params = models[0]->parameters();
-    for (size_t i = 0; i < params.size(); ++i) params[i].register_hook([&order, i](const torch::Tensor&) { order.push_back(i); });
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].register_hook([&order, i](const torch::Tensor&) { order.push_back(i); });
     ddp::ReducerOptions options;
     options.bucket_bytes = 1000;
     options.first_bucket_bytes = 300;
@@ -649,7 +639,7 @@ TEST_CASE("[step4] no_sync: one all-reduce per bucket per window, and the accumu
     });
     for (int r = 0; r < n; ++r) {
       CAPTURE(r);
-      const double rel = rel_error(snapshot(models[r]->parameters()), reference);
+      const double rel = rel_error(values_of(models[r]->parameters()), reference);
       CAPTURE(rel);
       CHECK(rel <= 1e-6);
       CHECK(calls[r] == 2 * 4);  // 2 windows x (3 buckets + 1 map), whatever the number of micro-batches (32 / n / 2)
@@ -668,7 +658,8 @@ TEST_CASE("[step4] all_ranks_found_inf is true on every rank when any one rank f
   CHECK(with_none == std::vector<int>{0, 0, 0, 0});
 }
 
-TEST_CASE("[step4] with the scaler, clean steps equal the full batch and an inf on one rank skips the step on every rank") {
+TEST_CASE(
+    "[step4] with the scaler, clean steps equal the full batch and an inf on one rank skips the step on every rank") {
   const Data data(16);
   const std::vector<torch::Tensor> reference = full_batch_sgd(data, 1);
   const int n = 4;
@@ -693,20 +684,20 @@ TEST_CASE("[step4] with the scaler, clean steps equal the full batch and an inf 
       return torch::mse_loss(model->forward(mb.input), mb.target);
     };
     stepped_clean[r] = ddp::train_step(reducer, sgd, accum::split_batch(x, y, 2), loss_fn, &scaler);
-    after_clean[r] = snapshot(model->parameters());
+    after_clean[r] = values_of(model->parameters());
     torch::Tensor bad = x.clone();
     if (r == 1) bad[0][0] = std::numeric_limits<float>::infinity();  // only rank 1's data overflows
     stepped_inf[r] = ddp::train_step(reducer, sgd, accum::split_batch(bad, y, 2), loss_fn, &scaler);
-    after_inf[r] = snapshot(model->parameters());
+    after_inf[r] = values_of(model->parameters());
     scales[r] = scaler.get_scale();
   });
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
     CHECK(stepped_clean[r] == 1);
     CHECK(rel_error(after_clean[r], reference) <= 1e-6);
-    CHECK(stepped_inf[r] == 0);                        // every rank skipped, not only rank 1
+    CHECK(stepped_inf[r] == 0);  // every rank skipped, not only rank 1
     CHECK(rel_error(after_inf[r], after_clean[r]) == 0);
-    CHECK(scales[r] == 512.0);                         // backed off once, the same on every rank
+    CHECK(scales[r] == 512.0);  // backed off once, the same on every rank
   }
 }
 
@@ -757,7 +748,8 @@ TEST_CASE("[step4] no_sync is decided when the forward runs, as in DDP") {
   }
 }
 
-TEST_CASE("[step4] ShardedGradScaler agrees on found_inf inside unscale_: an inf on one rank skips the step on every rank") {
+TEST_CASE(
+    "[step4] ShardedGradScaler agrees on found_inf inside unscale_: an inf on one rank skips the step on every rank") {
   const int n = 3;
   std::vector<int> finite_after_unscale(n, -1), stepped(n, -1);
   std::vector<double> scales(n, 0);
@@ -885,14 +877,14 @@ TEST_CASE("[step5] ZeRO-1 gives the same parameters as plain data parallel, with
       }
       state[r] = zero.state_bytes();
     });
-    const auto reference = snapshot(plain_models[0]->parameters());
+    const auto reference = values_of(plain_models[0]->parameters());
     int64_t total = 0;
     for (int r = 0; r < n; ++r) {
       CAPTURE(r);
-      const double rel = rel_error(snapshot(zero_models[r]->parameters()), reference);
+      const double rel = rel_error(values_of(zero_models[r]->parameters()), reference);
       CAPTURE(rel);
       CHECK(rel <= 1e-6);
-      CHECK(rel_error(snapshot(plain_models[r]->parameters()), reference) == 0);
+      CHECK(rel_error(values_of(plain_models[r]->parameters()), reference) == 0);
       CHECK(plain_state[r] == 2 * 8 * 1056 * 4);  // exp_avg + exp_avg_sq of every parameter
       CHECK(state[r] == plain_state[r] / n);      // this rank's share only
       total += state[r];
@@ -965,10 +957,10 @@ TEST_CASE("[step5] with the scaler, an inf in one rank's shard skips the ZeRO st
     while (zero.owners()[planted] != 1) ++planted;
     owner_of_planted[r] = zero.owners()[planted];
     params[planted].grad()[0][0] = std::numeric_limits<float>::infinity();
-    before[r] = snapshot(params);
+    before[r] = values_of(params);
     stepped[r] = zero.step(scaler);
     scaler.update();
-    after[r] = snapshot(params);
+    after[r] = values_of(params);
     scales[r] = scaler.get_scale();
   });
   for (int r = 0; r < n; ++r) {
@@ -1008,7 +1000,7 @@ TEST_CASE("[step5] ZeRO with the sharded scaler: unscale_, clip, step with an in
         torch::NoGradGuard no_grad;
         params[planted].grad()[0][0] = std::numeric_limits<float>::infinity();
       }
-      if (iteration == 0) before[r] = snapshot(params);
+      if (iteration == 0) before[r] = values_of(params);
       scaler.unscale_(zero.local_optimizer());  // lesson 2's order: unscale, clip, step
       amp::clip_grad_norm_(zero.local_optimizer(), 1.0);
       const bool ran = zero.step(scaler);
@@ -1016,10 +1008,10 @@ TEST_CASE("[step5] ZeRO with the sharded scaler: unscale_, clip, step with an in
       if (iteration == 0) {
         stepped[r] = ran;
         scales[r] = scaler.get_scale();
-        after[r] = snapshot(params);
+        after[r] = values_of(params);
       } else {
         stepped_clean[r] = ran;
-        after_clean[r] = snapshot(params);
+        after_clean[r] = values_of(params);
       }
     }
     int nans = 0;

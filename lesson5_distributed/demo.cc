@@ -49,16 +49,18 @@ int main(int argc, char** argv) {
                           {{"device", "cpu (default); the ranks always run with Gloo on the CPU"},
                            {"quick", "small, fast settings for a CPU"},
                            {"world_size", "ranks to start (default 4; --quick: 2)"},
-                           {"fault_exit_rank", "a fault drill: this rank exits right after joining; the others must "
-                                               "fail with a clear error, and the demo exits 1"},
+                           {"fault_exit_rank",
+                            "a fault drill: this rank exits right after joining; the others must "
+                            "fail with a clear error, and the demo exits 1"},
                            {"csv_dir", "write the table and the summary line as CSV into this folder"},
                            {"steps", "timed steps per variant and round (default 10; --quick: 5)"},
                            {"rounds", "every variant once per round, in turn, this many rounds (default 1)"},
                            {"sim_delay_ms", "SIMULATED latency added to every collective by dist::Comm (default 0)"},
                            {"netns", "NS0,NS1,...: start rank r inside network namespace NSr (root; see netns/)"},
                            {"hosts", "ADDR0,ADDR1,...: rank r's Gloo address; the store listens at ADDR0"},
-                           {"link_gbit", "the link's rate per rank in Gbit/s for the napkin math (default: the "
-                                         "measured large all-reduce)"},
+                           {"link_gbit",
+                            "the link's rate per rank in Gbit/s for the napkin math (default: the "
+                            "measured large all-reduce)"},
                            {"link_delay_ms", "latency the KERNEL adds per collective (netem), for the napkin math"},
                            {"link", "how the link was made, printed with the results (e.g. 'tbf 1gbit')"}});
     const bool quick = flags.has("quick");
@@ -116,11 +118,10 @@ int main(int argc, char** argv) {
     std::cout << "Lesson 5 — data parallel on " << world_size << " ranks (processes, Gloo over "
               << (on_netns ? "one network namespace per rank, " + network.hosts[0] + " .. " + network.hosts.back()
                            : std::string(network.hosts.empty() ? "127.0.0.1" : network.hosts[0]))
-              << ") on "
-              << workshop::device_name(c10::Device(c10::kCPU)) << "\n"
-              << "MLP " << config.depth << " x Linear(" << config.width << ", " << config.width << "): "
-              << 2 * config.depth << " parameters, " << workshop::mib(param_bytes) << "; batch " << config.batch
-              << " (" << config.batch / world_size << " per rank), Adam, bucket budget "
+              << ") on " << workshop::device_name(c10::Device(c10::kCPU)) << "\n"
+              << "MLP " << config.depth << " x Linear(" << config.width << ", " << config.width
+              << "): " << 2 * config.depth << " parameters, " << workshop::mib(param_bytes) << "; batch "
+              << config.batch << " (" << config.batch / world_size << " per rank), Adam, bucket budget "
               << workshop::mib(static_cast<double>(config.bucket_bytes)) << ", " << config.steps
               << " timed steps per row" << (config.rounds > 1 ? ", " + std::to_string(config.rounds) + " rounds" : "")
               << "\n";
@@ -130,8 +131,9 @@ int main(int argc, char** argv) {
                                   : std::string("not shaped (napkin: the measured large all-reduce)"))
                 << "; latency " << workshop::fixed(delay_ms, 3) << " ms per collective "
                 << (delay_ms > 0 ? "SIMULATED by dist::Comm (not by the kernel)" : "simulated: none")
-                << (link_delay_ms > 0 ? " + " + workshop::fixed(link_delay_ms, 3) + " ms per packet by the kernel (netem)"
-                                      : std::string())
+                << (link_delay_ms > 0
+                        ? " + " + workshop::fixed(link_delay_ms, 3) + " ms per packet by the kernel (netem)"
+                        : std::string())
                 << "\n";
     }
     std::cout << "\n";
@@ -158,9 +160,10 @@ int main(int argc, char** argv) {
     const std::string path = table.emit(csv_dir);
     if (!path.empty()) std::cout << "wrote " << path << "\n";
     const double wire = dist::ring_allreduce_wire_bytes(static_cast<double>(probe_bytes), world_size);
-    std::cout << "\n" << (on_netns ? "Link" : "Loopback") << " ceiling (one " << workshop::mib(static_cast<double>(probe_bytes)) << " all-reduce): "
-              << workshop::fixed(probe_ms, 2) << " ms, " << workshop::fixed(wire / (probe_ms * 1e-3) / 1e9, 2)
-              << " GB/s sent per rank by the ring napkin math.\n";
+    std::cout << "\n"
+              << (on_netns ? "Link" : "Loopback") << " ceiling (one " << workshop::mib(static_cast<double>(probe_bytes))
+              << " all-reduce): " << workshop::fixed(probe_ms, 2) << " ms, "
+              << workshop::fixed(wire / (probe_ms * 1e-3) / 1e9, 2) << " GB/s sent per rank by the ring napkin math.\n";
     // [demo_napkin_table]
     // Measured step time next to the napkin figure, per variant, and the ranking of the variants in each round.
     const double measured_bytes_per_s = wire / (probe_ms * 1e-3);
@@ -174,14 +177,13 @@ int main(int argc, char** argv) {
               << " ms); compute with no communication: forward " << workshop::fixed(extras.forward_ms, 2)
               << " ms, backward " << workshop::fixed(extras.backward_ms, 2) << " ms, optimizer "
               << workshop::fixed(extras.optimizer_ms, 2) << " ms\n";
-    workshop::Table napkins("lesson5_network",
-                            {"variant", "ranks", "calls / step", "step ms (median of rounds)", "napkin ms",
-                             "measured / napkin", "napkin: compute", "napkin: wire", "napkin: calls",
-                             "round medians ms"});
+    workshop::Table napkins("lesson5_network", {"variant", "ranks", "calls / step", "step ms (median of rounds)",
+                                                "napkin ms", "measured / napkin", "napkin: compute", "napkin: wire",
+                                                "napkin: calls", "round medians ms"});
     for (size_t k = 0; k < results.size(); ++k) {
       const l5demo::Result& r = results[k];
-      const l5demo::Napkin nk = l5demo::napkin(static_cast<int>(k), r, extras, world_size, bytes_per_s,
-                                                    delay_ms + link_delay_ms);
+      const l5demo::Napkin nk =
+          l5demo::napkin(static_cast<int>(k), r, extras, world_size, bytes_per_s, delay_ms + link_delay_ms);
       std::string rounds_text;
       for (double ms : r.round_ms) rounds_text += (rounds_text.empty() ? "" : " ") + workshop::fixed(ms, 1);
       napkins.add({r.variant, std::to_string(world_size), std::to_string(r.collectives_per_step),

@@ -40,6 +40,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adam.h>
 
+#include "common/device.h"
 #include "common/memory_meter.h"
 #include "lesson5_distributed/comm.h"
 #include "lesson5_distributed/ddp.h"
@@ -51,14 +52,14 @@ namespace l5demo {
 /// What every rank runs.
 struct Config {
   int world_size = 4;
-  int64_t width = 256;         ///< MLP width
-  int64_t depth = 16;          ///< Linear layers (2 parameters each)
-  int64_t batch = 256;         ///< items per step, all ranks together
+  int64_t width = 256;  ///< MLP width
+  int64_t depth = 16;   ///< Linear layers (2 parameters each)
+  int64_t batch = 256;  ///< items per step, all ranks together
   int64_t bucket_bytes = 1 << 20;
-  int steps = 10;              ///< timed steps per variant (after one warm-up step)
+  int steps = 10;                  ///< timed steps per variant (after one warm-up step)
   int64_t probe_bytes = 16 << 20;  ///< one large all-reduce: the loopback ceiling of this machine
-  int rounds = 1;              ///< every variant once per round, in turn (rounds > 1: is the ranking stable?)
-  int64_t sim_delay_us = 0;    ///< SIMULATED latency per collective (dist::Comm::set_simulated_delay), 0: none
+  int rounds = 1;                  ///< every variant once per round, in turn (rounds > 1: is the ranking stable?)
+  int64_t sim_delay_us = 0;        ///< SIMULATED latency per collective (dist::Comm::set_simulated_delay), 0: none
 };
 
 /// Where the ranks run. Empty: every rank on 127.0.0.1 in this network namespace (the default).
@@ -69,9 +70,9 @@ struct Network {
 
 /// Extra measurements of one run (rank 0's), for the napkin math of the "On a real network" runs.
 struct Extras {
-  double tiny_ms = 0;      ///< one small all-reduce (median of 20): the per-call cost of this link and Gloo
-  double tiny_bytes = 0;   ///< its payload (16 KiB: a few chunks per rank, little time on the wire)
-  double forward_ms = 0;   ///< one step's parts with no communication, every rank busy at once (median of rounds)
+  double tiny_ms = 0;     ///< one small all-reduce (median of 20): the per-call cost of this link and Gloo
+  double tiny_bytes = 0;  ///< its payload (16 KiB: a few chunks per rank, little time on the wire)
+  double forward_ms = 0;  ///< one step's parts with no communication, every rank busy at once (median of rounds)
   double backward_ms = 0;
   double optimizer_ms = 0;
 };
@@ -97,7 +98,7 @@ struct Result {
   double rel_diff = 0;                ///< parameters after the steps vs the per-parameter variant
   double all_reduce_calls = 0, all_reduce_bytes = 0;  ///< per step (payload, not wire bytes)
   double broadcast_calls = 0, broadcast_bytes = 0;    ///< per step
-  std::vector<double> round_ms;       ///< the median step of each round (median_ms: the median of these)
+  std::vector<double> round_ms;  ///< the median step of each round (median_ms: the median of these)
 };
 
 // [napkin]
@@ -148,9 +149,9 @@ inline std::string serialize(const std::vector<Result>& results, double probe_ms
       << extras.backward_ms << " " << extras.optimizer_ms << " " << extras.tiny_bytes << "\n";
   for (const auto& r : results) {
     out << r.variant << "\t" << r.collectives_per_step << "\t" << r.payload_bytes_per_step << "\t"
-        << r.napkin_bytes_per_step << "\t" << r.median_ms << "\t" << r.min_ms << "\t" << r.max_ms << "\t" << r.optimizer_state_bytes << "\t" << r.rel_diff
-        << "\t" << r.all_reduce_calls << "\t" << r.all_reduce_bytes << "\t" << r.broadcast_calls << "\t"
-        << r.broadcast_bytes << "\t" << r.round_ms.size();
+        << r.napkin_bytes_per_step << "\t" << r.median_ms << "\t" << r.min_ms << "\t" << r.max_ms << "\t"
+        << r.optimizer_state_bytes << "\t" << r.rel_diff << "\t" << r.all_reduce_calls << "\t" << r.all_reduce_bytes
+        << "\t" << r.broadcast_calls << "\t" << r.broadcast_bytes << "\t" << r.round_ms.size();
     for (double ms : r.round_ms) out << "\t" << ms;
     out << "\n";
   }
@@ -173,8 +174,7 @@ inline std::vector<Result> deserialize(const std::string& text, double* probe_ms
     Result r;
     std::getline(fields, r.variant, '\t');
     fields >> r.collectives_per_step >> r.payload_bytes_per_step >> r.napkin_bytes_per_step >> r.median_ms >>
-        r.min_ms >> r.max_ms >>
-        r.optimizer_state_bytes >> r.rel_diff;
+        r.min_ms >> r.max_ms >> r.optimizer_state_bytes >> r.rel_diff;
     size_t rounds = 0;
     fields >> r.all_reduce_calls >> r.all_reduce_bytes >> r.broadcast_calls >> r.broadcast_bytes >> rounds;
     r.round_ms.resize(rounds);
@@ -194,10 +194,7 @@ inline torch::nn::Sequential mlp(const Config& c) {
   return model;
 }
 
-inline double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using workshop::median;  // the workshop's one median (common/device.h)
 
 /// Everything one rank measures; rank 0's results are the table.
 inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* probe_ms, Extras* extras = nullptr) {
@@ -282,7 +279,8 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
       std::unique_ptr<ddp::ZeroOptimizer> zero;
       if (kind == kZero) {
         zero = std::make_unique<ddp::ZeroOptimizer>(comm, params, [](std::vector<at::Tensor> mine) {
-          return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::Adam(mine, torch::optim::AdamOptions(1e-3)));
+          return std::unique_ptr<torch::optim::Optimizer>(
+              new torch::optim::Adam(mine, torch::optim::AdamOptions(1e-3)));
         });
       }
       int64_t state_bytes = 0;
@@ -290,7 +288,7 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
       auto step = [&](bool first) {
         for (const auto& p : params) p.mutable_grad() = at::Tensor();
         torch::nn::functional::mse_loss(model->forward(xs), ys).backward();
-        if (kind == kPerParameter) ddp::average_gradients(comm, params);          // one call per parameter
+        if (kind == kPerParameter) ddp::average_gradients(comm, params);                // one call per parameter
         if (kind == kBucketed) ddp::average_gradients_bucketed(comm, params, buckets);  // one per bucket
         if (reducer) reducer->finish();  // buckets went out during backward; wait for them
         workshop::MemoryMeter meter;     // this process = this rank: its optimizer state appears at step 1
@@ -323,9 +321,9 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
       r.round_ms.push_back(median(ms));
       r.collectives_per_step = (st.all_reduce_calls + st.broadcast_calls + st.all_gather_calls) / c.steps;
       r.payload_bytes_per_step = static_cast<double>(st.all_reduce_bytes + st.broadcast_bytes) / c.steps;
-      r.napkin_bytes_per_step =
-          (dist::ring_allreduce_wire_bytes(static_cast<double>(st.all_reduce_bytes), n) +
-           static_cast<double>(st.broadcast_bytes) * (n - 1) / n) / c.steps;
+      r.napkin_bytes_per_step = (dist::ring_allreduce_wire_bytes(static_cast<double>(st.all_reduce_bytes), n) +
+                                 static_cast<double>(st.broadcast_bytes) * (n - 1) / n) /
+                                c.steps;
       r.median_ms = median(r.round_ms);
       const double lo = *std::min_element(ms.begin(), ms.end()), hi = *std::max_element(ms.begin(), ms.end());
       r.min_ms = round == 0 ? lo : std::min(r.min_ms, lo);
@@ -427,7 +425,8 @@ inline std::vector<Result> launch(const Config& config, bool quick, std::chrono:
   const int port = store.port();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < config.world_size; ++rank) {
-    std::vector<std::string> args = {"/proc/self/exe", "--l5_rank=" + std::to_string(rank),
+    std::vector<std::string> args = {"/proc/self/exe",
+                                     "--l5_rank=" + std::to_string(rank),
                                      "--l5_world=" + std::to_string(config.world_size),
                                      "--l5_port=" + std::to_string(port),
                                      "--l5_rounds=" + std::to_string(config.rounds),
@@ -469,8 +468,10 @@ inline std::vector<Result> launch(const Config& config, bool quick, std::chrono:
       int status = 0;
       if (!exited[r] && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
         exited[r] = true;
-        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failure = "rank " + std::to_string(r) + " failed (see above)";
-        if (WIFEXITED(status) && WEXITSTATUS(status) == 126) failure = "rank " + std::to_string(r) + " could not enter its network namespace";
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+          failure = "rank " + std::to_string(r) + " failed (see above)";
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 126)
+          failure = "rank " + std::to_string(r) + " could not enter its network namespace";
       }
     }
     if (std::chrono::steady_clock::now() > give_up) failure = "no results from rank 0 within the deadline";

@@ -140,8 +140,7 @@ void average_gradients_bucketed(dist::Comm& comm, const std::vector<at::Tensor>&
   for (const Bucket& bucket : buckets) {
     std::vector<at::Tensor> pieces;
     for (size_t i : bucket.params) {
-      TORCH_CHECK(i < params.size(), "average_gradients_bucketed: a bucket names parameter ", i, " of ",
-                  params.size());
+      TORCH_CHECK(i < params.size(), "average_gradients_bucketed: a bucket names parameter ", i, " of ", params.size());
       pieces.push_back(grad_of(params, i).reshape({-1}));
     }
     at::Tensor flat = at::cat(pieces);  // one contiguous buffer: one message instead of |bucket|
@@ -206,7 +205,8 @@ void Reducer::grad_ready(size_t index, const at::Tensor& grad) {
   const size_t b = bucket_of_[index];
   at::Tensor slot = buffers_[b].narrow(0, offset_of_[index], param.numel());
   // .grad does not hold this gradient yet: add what earlier (no_sync) backward passes accumulated there.
-  const at::Tensor local = param.grad().defined() ? grad.reshape({-1}) + param.grad().reshape({-1}) : grad.reshape({-1});
+  const at::Tensor local =
+      param.grad().defined() ? grad.reshape({-1}) + param.grad().reshape({-1}) : grad.reshape({-1});
   slot.copy_(local);
   slot.div_(comm_.world_size());  // as DDP: divided before the sum, not after
   ready_[index] = true;
@@ -398,9 +398,9 @@ bool ZeroOptimizer::step(ShardedGradScaler& scaler) {
   // Every rank knows the partition: all throw here, before any collective, instead of one failing alone.
   for (int r = 0; r < comm_.world_size(); ++r) {
     TORCH_CHECK(std::find(owners_.begin(), owners_.end(), r) != owners_.end(), "rank ", comm_.rank(),
-                ": ZeroOptimizer::step(scaler): rank ", r, " owns no parameters (", params_.size(),
-                " parameters on ", comm_.world_size(), " ranks), so its scaler has no gradient to unscale; use at most ",
-                params_.size(), " ranks");
+                ": ZeroOptimizer::step(scaler): rank ", r, " owns no parameters (", params_.size(), " parameters on ",
+                comm_.world_size(), " ranks), so its scaler has no gradient to unscale; use at most ", params_.size(),
+                " ranks");
   }
   // The sharded scaler agrees on found_inf inside unscale_ (an inf may sit in another rank's shard), so every
   // rank steps or skips alike and the broadcasts match.
