@@ -8,9 +8,10 @@ source file reruns (its compile, then every link whose inputs come from that com
 link), and runs each one's own command line again in Bazel's execution root, outside the sandbox and writing
 into a scratch folder, under getrusage: user+sys CPU seconds and wall seconds per action. The compile and the
 links downstream of it form the critical path of the loop before the tests run, and their CPU seconds are
-what the loop costs on a quiet machine, whatever the machine's load while measuring. Prints one line per
-action and a last line `total_cpu_s=... compile_cpu_s=... link_cpu_s=...`. Needs a previous build of the
-pattern (the execution root must hold the other inputs).
+what the loop costs on a quiet machine, whatever the machine's load while measuring (a busy machine still
+inflates them somewhat: shared caches and cores). Prints one line per action and a last line
+`total_cpu_s=... compile_cpu_s=... link_cpu_s=...`. Builds the pattern first, so that the execution root
+holds the other inputs.
 """
 import json
 import os
@@ -57,6 +58,8 @@ def main():
         raise SystemExit(__doc__)
     pattern, source = positional
 
+    # The execution root holds only the packages of the last build: build the pattern (up to date: quick).
+    subprocess.run([os.environ.get("BAZEL", "bazel"), "build"] + extra + [pattern], capture_output=True)
     query = f'mnemonic("CppCompile|CppLink|SolibSymlink", deps({pattern}))'
     graph = json.loads(bazel(["aquery", query, "--output=jsonproto"], extra) or "{}")
     execroot = bazel(["info", "execution_root"], extra).strip()

@@ -130,7 +130,7 @@ row() { printf '| %-9s | %-40s | %-10s | %-10s | %-12s |%s\n' "$@"; }
 cpu_cols() { ((cpu)) && printf ' %-15s | %-12s | %-14s |' "$@"; true; }
 
 echo "loop_bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(ld --version | head -1)"
-echo "settings: $( [[ -f machine.bazelrc ]] && echo "machine.bazelrc: $(grep '^build' machine.bazelrc | cut -d' ' -f2- | tr '\n' ' ')" || echo "no machine.bazelrc (Bazel's sandbox defaults)")$( [[ -f user.bazelrc ]] && echo "; user.bazelrc: $(grep -v '^#' user.bazelrc | tr '\n' ' ')")"
+echo "settings: $( [[ -f machine.bazelrc ]] && echo "machine.bazelrc: $(grep '^build' machine.bazelrc | cut -d' ' -f2- | tr '\n' ' ')" || echo "no machine.bazelrc (Bazel's sandbox defaults)")$( [[ -f user.bazelrc ]] && echo "; user.bazelrc: $(grep -v '^#' user.bazelrc | tr '\n' ' ')")$( ((${#extra[@]})) && echo "; then: ${extra[*]}")"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)  (1, 5, 15 min; shared machines: other builds count too)"
 mapfile -t packages < <(for f in "${files[@]}"; do package_of "$f"; done | sort -u)
 "$bazel" build --color=no --curses=no --noshow_progress "${packages[@]/#/\/\/}" "${extra[@]}" >/dev/null 2>&1 || true
