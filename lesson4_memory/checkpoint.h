@@ -63,9 +63,21 @@ std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at:
 /// segments - 1 segments n / segments layers each and the remainder to the last (plain) one: 7 layers in 3
 /// segments are 3+2+2 here, 2+2+3 there. Near-equal segments keep the largest one, which sets the
 /// recomputation's peak, as small as possible.
-/// segments == 1 is the plain forward pass. Throws if segments < 1, segments > model->size() (named
+/// segments == 1 is the plain forward pass. Throws if segments < 1, segments > layer_count(model) (named
 /// "more segments than layers"), or the model is empty.
 at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments, const at::Tensor& input);
+
+/// Given (its own file would need <torch/nn/modules/container/sequential.h>, slow to compile). The number of
+/// layers (modules) of `model`.
+int64_t layer_count(torch::nn::Sequential& model);
+
+/// Given. A Segment that runs layers begin .. end - 1 of `model` one after the other on its one input tensor
+/// and returns the last layer's output (one tensor). It holds the model, so it stays valid during backward.
+/// Throws if the range is empty or outside the model.
+Segment layers_segment(torch::nn::Sequential& model, int64_t begin, int64_t end);
+
+/// Given. The parameters of layers begin .. end - 1 of `model` (what checkpoint() must be told about).
+std::vector<at::Tensor> layer_parameters(torch::nn::Sequential& model, int64_t begin, int64_t end);
 
 /// Given. The index of the CUDA device of the first defined CUDA tensor in `tensors`, or -1 if there is none:
 /// the device whose random state a checkpoint must record and replay.

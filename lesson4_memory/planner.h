@@ -12,9 +12,14 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <torch/nn/modules/container/sequential.h>
 
+// Declared only: this header passes them by reference, and <torch/nn/modules/container/sequential.h> is slow
+// to compile (it was about 60% of planner.cc's compile). planner.cc includes <torch/optim/optimizer.h> (cheap);
+// workload.h includes the Sequential header for the code that builds models.
 namespace torch {
+namespace nn {
+class Sequential;
+}  // namespace nn
 namespace optim {
 class Optimizer;
 }  // namespace optim

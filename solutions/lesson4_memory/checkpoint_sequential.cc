@@ -2,13 +2,12 @@
 #include "lesson4_memory/checkpoint.h"
 
 #include <ATen/core/Tensor.h>
-#include <torch/nn/modules/container/sequential.h>
 
 namespace mem {
 
 // [checkpoint_sequential]
 at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments, const at::Tensor& input) {
-  const int64_t layers = static_cast<int64_t>(model->size());
+  const int64_t layers = layer_count(model);
   TORCH_CHECK(layers > 0, "checkpoint_sequential: the model has no layers");
   TORCH_CHECK(segments >= 1, "checkpoint_sequential: segments must be >= 1, got ", segments);
   TORCH_CHECK(segments <= layers, "checkpoint_sequential: more segments (", segments, ") than layers (", layers, ")");
@@ -18,19 +17,11 @@ at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments,
   int64_t begin = 0;
   for (int64_t s = 0; s < segments; ++s) {
     const int64_t end = begin + base + (s < extra ? 1 : 0);
-    auto run = [impl = model.ptr(), begin, end](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
-      at::Tensor h = in[0];
-      for (int64_t j = begin; j < end; ++j) h = (impl->begin() + j)->forward(h);
-      return {h};
-    };
+    const Segment run = layers_segment(model, begin, end);
     if (s + 1 == segments) {
       x = run({x})[0];  // the last segment's activations are needed right away by backward: keep them
     } else {
-      std::vector<at::Tensor> params;
-      for (int64_t j = begin; j < end; ++j) {
-        for (const at::Tensor& p : model->ptr(j)->parameters()) params.push_back(p);
-      }
-      x = checkpoint(run, {x}, params)[0];
+      x = checkpoint(run, {x}, layer_parameters(model, begin, end))[0];
     }
     begin = end;
   }
