@@ -143,8 +143,10 @@ if [[ $variant == cpu ]]; then
   in_root 'apt-get update -q >/dev/null && cd /work/checkout && bash tools/setup.sh' || die "tools/setup.sh failed on Debian 13"
 else
   phase "installing the CUDA stack (libtorch-cuda-dev, nvidia-cuda-dev) and what tools/setup.sh installs"
-  # setup.sh's list, with Debian's CUDA LibTorch in place of the CPU one (the two conflict).
-  pkgs=$(bash "$repo/tools/setup.sh" --list | grep -vx 'libtorch-dev' | tr '\n' ' ')
+  # setup.sh's list, with Debian's CUDA LibTorch in place of the CPU one (the two conflict), and Gloo's CUDA build
+  # in place of libgloo-dev (libtorch-cuda-2.6 depends on libgloo-cuda-0, which conflicts with libgloo0).
+  pkgs=$(bash "$repo/tools/setup.sh" --list | grep -vx -e 'libtorch-dev' -e 'libgloo-dev' | tr '\n' ' ')
+  pkgs+=" libgloo-cuda-dev"
   # nvidia-cudnn is an installer that downloads cuDNN from outside Debian: its configure step fails without that
   # network and leaves libtorch-cuda unconfigured, but every file is unpacked and usable for compiling and linking.
   in_root "apt-get update -q >/dev/null; apt-get install -y -q --no-install-recommends $pkgs libtorch-cuda-dev nvidia-cuda-dev" \
