@@ -11,7 +11,7 @@
 #include <string>
 #include <unordered_set>
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/optim/optimizer.h>
 
