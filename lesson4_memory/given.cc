@@ -19,8 +19,8 @@ namespace mem {
 int64_t layer_count(torch::nn::Sequential& model) { return static_cast<int64_t>(model->size()); }
 
 Segment layers_segment(torch::nn::Sequential& model, int64_t begin, int64_t end) {
-  TORCH_CHECK(0 <= begin && begin < end && end <= layer_count(model), "layers_segment: layers ", begin, " .. ",
-              end, " are not a non-empty range of the model's ", layer_count(model), " layers");
+  TORCH_CHECK(0 <= begin && begin < end && end <= layer_count(model), "layers_segment: layers ", begin, " .. ", end,
+              " are not a non-empty range of the model's ", layer_count(model), " layers");
   return [impl = model.ptr(), begin, end](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
     TORCH_CHECK(in.size() == 1, "layers_segment: a segment of layers takes one tensor, got ", in.size());
     at::Tensor h = in[0];

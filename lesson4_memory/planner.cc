@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
-#include <ATen/ops/mse_loss.h>  // at:: functions come one header each; add <ATen/ops/NAME.h> for others
+#include <ATen/ops/mse_loss.h>     // at:: functions come one header each; add <ATen/ops/NAME.h> for others
 #include <torch/optim/optimizer.h>
 
 #include "lesson1_amp/autocast.h"
