@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -16,6 +17,25 @@
 
 namespace workshop {
 namespace {
+
+// Bytes of one thread's allocations still alive, and their peak. Shared by the thread and by the table entries of
+// its allocations, so that a free on another thread still lands on the thread that allocated.
+struct ThreadCount {
+  std::atomic<int64_t> current{0};
+  std::atomic<int64_t> peak{0};
+
+  void add(int64_t bytes) {
+    const int64_t now = current.fetch_add(bytes) + bytes;
+    int64_t seen = peak.load();
+    while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+    }
+  }
+};
+
+const std::shared_ptr<ThreadCount>& this_thread_count() {
+  thread_local const std::shared_ptr<ThreadCount> count = std::make_shared<ThreadCount>();
+  return count;
+}
 
 // Wraps the CPU allocator LibTorch had before and counts bytes in and out. Installed once, never removed:
 // tensors it allocated may outlive any meter. LibTorch's raw_allocate() requires data == context, so the
@@ -38,9 +58,10 @@ class CountingCpuAllocator final : public compat::WrappingAllocator {
     if (data == nullptr) return inner;  // zero bytes: nothing to count
     {
       std::lock_guard<std::mutex> lock(mutex());
-      table().emplace(data, Entry{std::move(inner), static_cast<int64_t>(nbytes)});
+      table().emplace(data, Entry{std::move(inner), static_cast<int64_t>(nbytes), this_thread_count()});
     }
     add(static_cast<int64_t>(nbytes));
+    this_thread_count()->add(static_cast<int64_t>(nbytes));
     return c10::DataPtr(data, data, &CountingCpuAllocator::release, device);
   }
 
@@ -48,6 +69,7 @@ class CountingCpuAllocator final : public compat::WrappingAllocator {
   struct Entry {
     c10::DataPtr inner;  // frees the memory when the entry is destroyed
     int64_t bytes;
+    std::shared_ptr<ThreadCount> owner;  // the allocating thread's count
   };
 
   static std::mutex& mutex() {
@@ -73,6 +95,7 @@ class CountingCpuAllocator final : public compat::WrappingAllocator {
       table().erase(it);
     }
     instance()->current_.fetch_sub(entry.bytes);
+    entry.owner->current.fetch_sub(entry.bytes);
     // entry.inner frees the memory here, outside the lock
   }
 
@@ -113,14 +136,20 @@ void check_device(c10::Device device) {
 
 int64_t cpu_allocated_bytes() { return counting_cpu_allocator().current(); }
 
-MemoryMeter::MemoryMeter(c10::Device device) : device_(device) {
+MemoryMeter::MemoryMeter(c10::Device device, MeterScope scope) : device_(device), scope_(scope) {
   check_device(device);
+  TORCH_CHECK(scope == MeterScope::kProcess || device.is_cpu(),
+              "MemoryMeter: MeterScope::kThisThread counts CPU allocations only, got ", device);
   if (device.is_cpu()) counting_cpu_allocator();
   reset();
 }
 
 void MemoryMeter::reset() {
-  if (device_.is_cpu()) {
+  if (scope_ == MeterScope::kThisThread) {
+    ThreadCount& count = *this_thread_count();
+    count.peak.store(count.current.load());
+    baseline_ = count.current.load();
+  } else if (device_.is_cpu()) {
     counting_cpu_allocator().reset_peak();
     baseline_ = counting_cpu_allocator().current();
   } else {
@@ -131,6 +160,7 @@ void MemoryMeter::reset() {
 }
 
 int64_t MemoryMeter::current_bytes() const {
+  if (scope_ == MeterScope::kThisThread) return this_thread_count()->current.load() - baseline_;
   if (device_.is_cpu()) return counting_cpu_allocator().current() - baseline_;
 #if WORKSHOP_HAS_CUDA
   return cuda_memory::allocated_bytes(device_.index()).current - baseline_;
@@ -140,6 +170,7 @@ int64_t MemoryMeter::current_bytes() const {
 }
 
 int64_t MemoryMeter::peak_bytes() const {
+  if (scope_ == MeterScope::kThisThread) return this_thread_count()->peak.load() - baseline_;
   if (device_.is_cpu()) return counting_cpu_allocator().peak() - baseline_;
 #if WORKSHOP_HAS_CUDA
   return cuda_memory::allocated_bytes(device_.index()).peak - baseline_;

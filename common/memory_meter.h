@@ -12,11 +12,16 @@
 
 namespace workshop {
 
+/// What a CPU meter counts: every thread's tensors, or only those allocated by the thread that made the meter
+/// (still counted when another thread frees them). kThisThread is for measuring one rank of several that run as
+/// threads of one process: another rank's frees then cannot land in this rank's figure.
+enum class MeterScope { kProcess, kThisThread };
+
 class MemoryMeter {
  public:
   /// Starts measuring on `device` (CPU or CUDA) from now: current and peak are counted relative to the bytes
-  /// already allocated on that device.
-  explicit MemoryMeter(c10::Device device = c10::Device(c10::kCPU));
+  /// already allocated on that device (by this thread only, with MeterScope::kThisThread; CPU only).
+  explicit MemoryMeter(c10::Device device = c10::Device(c10::kCPU), MeterScope scope = MeterScope::kProcess);
 
   /// Restarts: the baseline becomes what is allocated now and the peak is forgotten.
   void reset();
@@ -28,9 +33,11 @@ class MemoryMeter {
   int64_t peak_bytes() const;
 
   c10::Device device() const { return device_; }
+  MeterScope scope() const { return scope_; }
 
  private:
   c10::Device device_;
+  MeterScope scope_;
   int64_t baseline_ = 0;
 };
 

@@ -910,11 +910,12 @@ TEST_CASE("[step5] optimizer-state bytes per rank fall as 1/N, measured with les
       ddp::ZeroOptimizer zero(comm, model->parameters(), adam);
       torch::mse_loss(model->forward(ddp::shard(x, r, n)), ddp::shard(y, r, n)).backward();
       reducer.finish();
-      // The meter counts the whole process (every rank's thread), so the ranks take turns: while one steps
-      // (its first step creates its Adam state), the others wait in a barrier, which allocates no tensors.
+      // The ranks are threads of one process, so the meter counts this rank's thread only: a process-wide count
+      // also saw other ranks (or gloo's threads) free their temporaries, such as finish()'s map of unused
+      // parameters, inside this rank's step. The ranks still take turns, so each step runs alone.
       for (int turn = 0; turn < n; ++turn) {
         if (turn == r) {
-          workshop::MemoryMeter meter;
+          workshop::MemoryMeter meter(c10::Device(c10::kCPU), workshop::MeterScope::kThisThread);
           zero.step_local();
           measured[r] = meter.current_bytes();  // what stays allocated: the new state
         }

@@ -1,6 +1,8 @@
 // Checks of the shared peak-bytes meter (common/memory_meter.h) that lessons 2 and 4 rely on.
 #include "tests/torch_doctest.h"
 
+#include <thread>
+
 #include <torch/torch.h>
 
 #include "common/memory_meter.h"
@@ -32,6 +34,22 @@ TEST_CASE("the CPU meter sees the activations autograd keeps for backward") {
   }
   CHECK(kept >= 64 * 256 * 4);
   CHECK(meter.current_bytes() == 0);
+}
+
+TEST_CASE("a this-thread meter counts this thread's allocations, wherever they are freed") {
+  workshop::MemoryMeter mine(torch::kCPU, workshop::MeterScope::kThisThread);
+  workshop::MemoryMeter all(torch::kCPU);
+  torch::Tensor handed_over = torch::empty({250}, torch::kFloat);  // 1,000 bytes, allocated here
+  std::thread other([&] {
+    const auto theirs = torch::empty({500}, torch::kFloat);  // 2,000 bytes on the other thread, freed there
+    CHECK(all.current_bytes() == 3000);
+    handed_over = torch::Tensor();  // freed on the other thread: still this thread's allocation
+  });
+  other.join();
+  CHECK(mine.current_bytes() == 0);
+  CHECK(mine.peak_bytes() == 1000);  // the other thread's 2,000 bytes never count here
+  CHECK(all.peak_bytes() == 3000);
+  CHECK(all.current_bytes() == 0);
 }
 
 TEST_CASE("the meter rejects devices it cannot measure") {
