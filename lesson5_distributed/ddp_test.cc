@@ -55,6 +55,19 @@ struct Data {
 using workshop::test::rel_error;
 using workshop::test::values_of;
 
+// Every rank failed, each with an error naming `expected` (and none of them a timeout: the ranks agreed on the
+// error instead of waiting for each other).
+void check_every_rank_failed_with(const std::vector<dist::RankOutcome>& outcomes, const std::string& expected) {
+  REQUIRE_FALSE(outcomes.empty());
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    INFO(outcomes[r].error);
+    CHECK_FALSE(outcomes[r].ok);
+    CHECK(outcomes[r].error.find(expected) != std::string::npos);
+    CHECK(outcomes[r].error.find("timed out") == std::string::npos);
+  }
+}
+
 // N identical copies of the model, one per rank, built before the ranks start.
 std::vector<torch::nn::Sequential> replicas(int n, uint64_t seed = 5) {
   std::vector<torch::nn::Sequential> out;
@@ -160,12 +173,7 @@ TEST_CASE("[step1] parameter shapes that differ across ranks give a clear error 
     ddp::check_same_shapes(comm, models[comm.rank()]->parameters());
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    CAPTURE(r);
-    CHECK_FALSE(outcomes[r].ok);
-    CHECK(outcomes[r].error.find("parameter shapes differ across ranks") != std::string::npos);
-    INFO(outcomes[r].error);
-  }
+  check_every_rank_failed_with(outcomes, "parameter shapes differ across ranks");
   CHECK(seconds < 5.0);  // it is found at once, not after the 5 s timeout
   // And the same models pass the check.
   auto same = replicas(3);
@@ -240,11 +248,7 @@ TEST_CASE("[step1] sync_module_states gives every rank rank 0's parameters and b
   const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
     ddp::sync_module_states(comm, same[comm.rank()]->parameters(), {torch::zeros({2 + comm.rank()})});
   });
-  for (const auto& outcome : outcomes) {
-    INFO(outcome.error);
-    CHECK_FALSE(outcome.ok);
-    CHECK(outcome.error.find("parameter shapes differ across ranks") != std::string::npos);
-  }
+  check_every_rank_failed_with(outcomes, "parameter shapes differ across ranks");
 }
 
 // ---- step 2 -------------------------------------------------------------------------------------------------
@@ -335,11 +339,7 @@ TEST_CASE("[step2] bucketed averaging rejects a parameter without a gradient") {
     const auto params = models[comm.rank()]->parameters();
     ddp::average_gradients_bucketed(comm, params, ddp::make_buckets(params, 1000, 300));
   });
-  for (const auto& outcome : outcomes) {
-    INFO(outcome.error);
-    CHECK_FALSE(outcome.ok);
-    CHECK(outcome.error.find("has no gradient") != std::string::npos);
-  }
+  check_every_rank_failed_with(outcomes, "has no gradient");
 }
 
 TEST_CASE("[step2] bucketed averaging of models that differ gives the shape error on every rank, not a timeout") {
@@ -353,12 +353,7 @@ TEST_CASE("[step2] bucketed averaging of models that differ gives the shape erro
     model->forward(data.x).pow(2).mean().backward();
     ddp::average_gradients_bucketed(comm, params, ddp::make_buckets(params, 1000, 300));
   });
-  for (const auto& outcome : outcomes) {
-    INFO(outcome.error);
-    CHECK_FALSE(outcome.ok);
-    CHECK(outcome.error.find("parameter shapes differ across ranks") != std::string::npos);
-    CHECK(outcome.error.find("timed out") == std::string::npos);
-  }
+  check_every_rank_failed_with(outcomes, "parameter shapes differ across ranks");
 }
 
 // ---- step 3 -------------------------------------------------------------------------------------------------
@@ -453,11 +448,7 @@ TEST_CASE("[step3] a parameter that gets no gradient in a backward gives a clear
     torch::mse_loss(models[comm.rank()]->forward(data.x), data.y).backward();
     reducer.finish();
   });
-  for (const auto& outcome : outcomes) {
-    INFO(outcome.error);
-    CHECK_FALSE(outcome.ok);
-    CHECK(outcome.error.find("got no gradient") != std::string::npos);
-  }
+  check_every_rank_failed_with(outcomes, "got no gradient");
 }
 
 TEST_CASE("[step3] constructing the reducer gives every rank rank 0's parameters, as DDP's constructor does") {
@@ -572,11 +563,7 @@ TEST_CASE("[step3] a forgotten finish() gives a clear error on every rank") {
     }
     reducer.finish();
   });
-  for (const auto& outcome : outcomes) {
-    INFO(outcome.error);
-    CHECK_FALSE(outcome.ok);
-    CHECK(outcome.error.find("finish() was not called") != std::string::npos);
-  }
+  check_every_rank_failed_with(outcomes, "finish() was not called");
 }
 
 TEST_CASE("[step3] the lesson's buckets are the ones DDP rebuilds from the order gradients arrived in") {
@@ -1065,11 +1052,7 @@ TEST_CASE("[step5] ZeRO with models that differ gives the shape error on every r
   const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
     ddp::ZeroOptimizer zero(comm, models[comm.rank()]->parameters(), adam);
   });
-  for (const auto& outcome : outcomes) {
-    INFO(outcome.error);
-    CHECK_FALSE(outcome.ok);
-    CHECK(outcome.error.find("parameter shapes differ across ranks") != std::string::npos);
-  }
+  check_every_rank_failed_with(outcomes, "parameter shapes differ across ranks");
 }
 
 // ---- GPU ----------------------------------------------------------------------------------------------------
