@@ -168,13 +168,16 @@ int main(int argc, char** argv) {
     // Measured step time next to the napkin figure, per variant, and the ranking of the variants in each round.
     const double measured_bytes_per_s = wire / (probe_ms * 1e-3);
     const double bytes_per_s = link_gbit > 0 ? link_gbit * 1e9 / 8 : measured_bytes_per_s;
+    const l5demo::CallCost own = l5demo::call_cost(extras, world_size, bytes_per_s);
     std::cout << "\nNapkin math: link " << workshop::fixed(bytes_per_s * 8 / 1e9, 3) << " Gbit/s per rank ("
               << (link_gbit > 0 ? "kernel-shaped rate" : "measured") << "; the large all-reduce measured "
               << workshop::fixed(measured_bytes_per_s * 8 / 1e9, 3) << "), " << workshop::fixed(delay_ms, 3)
               << " ms simulated + " << workshop::fixed(link_delay_ms, 3) << " ms kernel per call; "
-              << workshop::fixed(l5demo::step_cost_ms(extras, world_size, bytes_per_s), 3) << " ms per message step "
-              << "(a " << workshop::mib(extras.tiny_bytes) << " all-reduce took " << workshop::fixed(extras.tiny_ms, 3)
-              << " ms); compute with no communication: forward " << workshop::fixed(extras.forward_ms, 2)
+              << "a call's own cost " << workshop::fixed(own.all_reduce_ms, 3) << " ms per all-reduce, "
+              << workshop::fixed(own.broadcast_ms, 3) << " ms per broadcast (bursts of " << l5demo::kBurst << " "
+              << workshop::mib(extras.tiny_bytes) << " calls took " << workshop::fixed(extras.reduce_call_ms, 3)
+              << " and " << workshop::fixed(extras.bcast_call_ms, 3)
+              << " ms per call); compute with no communication: forward " << workshop::fixed(extras.forward_ms, 2)
               << " ms, backward " << workshop::fixed(extras.backward_ms, 2) << " ms, optimizer "
               << workshop::fixed(extras.optimizer_ms, 2) << " ms\n";
     workshop::Table napkins("lesson5_network", {"variant", "ranks", "calls / step", "step ms (median of rounds)",

@@ -69,10 +69,15 @@ struct Network {
 };
 
 /// Extra measurements of one run (rank 0's), for the napkin math of the "On a real network" runs.
+constexpr int kBurst = 16;  ///< calls per burst when measuring a call's own cost
+
 struct Extras {
-  double tiny_ms = 0;     ///< one small all-reduce (median of 20): the per-call cost of this link and Gloo
-  double tiny_bytes = 0;  ///< its payload (16 KiB: a few chunks per rank, little time on the wire)
-  double forward_ms = 0;  ///< one step's parts with no communication, every rank busy at once (median of rounds)
+  /// Gloo's and the machine's own cost of one call, less its wire time, as the steps make them: a burst of
+  /// kBurst small collectives back to back (no simulated delay), per call; the median over the rounds.
+  double reduce_call_ms = 0;  ///< per all-reduce
+  double bcast_call_ms = 0;   ///< per broadcast, the roots in blocks as ZeRO-1's owners
+  double tiny_bytes = 0;      ///< the payload of each call in the bursts (16 KiB: little time on the wire)
+  double forward_ms = 0;      ///< one step's parts with no communication, every rank busy at once (median of rounds)
   double backward_ms = 0;
   double optimizer_ms = 0;
 };
@@ -103,32 +108,41 @@ struct Result {
 
 // [napkin]
 // The napkin figure of one variant's step (results[kind]: 0 per-parameter, 1 bucketed, 2 bucketed + overlap,
-// 3 ZeRO-1) on a link that carries `bytes_per_s` out of each rank, with `delay_ms` of latency per collective and
-// alpha per message step (step_cost_ms: Gloo, the kernel and waking the peer's thread, measured in `e`):
-//   all-reduce:  ring, 2 (N - 1) steps; 2 (N - 1) / N of the payload out of every rank -> wire / bandwidth;
+// 3 ZeRO-1) on a link that carries `bytes_per_s` out of each rank, with `delay_ms` of latency per collective:
+//   all-reduce:  ring; 2 (N - 1) / N of the payload out of every rank -> wire / bandwidth;
 //   broadcast:   Gloo's binomial tree, ceil(log2 N) steps, the payload out of the root in each -> steps x bytes / bw;
-//   every call:  delay + its steps x alpha;
+//   every call:  delay + its own cost (Gloo, the kernel, waking the peers' threads: measured per kind of call in
+//                `e`, from bursts of small calls back to back, as the variants make them);
 //   compute:     forward, backward and the optimizer step measured with no communication (ZeRO-1: 1/N of it);
-//   overlap:     the all-reduces run under backward: forward + max(backward, all-reduce) + optimizer.
+//   overlap:     the all-reduces run under backward: forward + max(backward, all-reduce) + optimizer. They are in
+//                flight together, so their own costs overlap one another (one counted); their simulated delays
+//                do not (one link, one message at a time: dist::Comm::set_simulated_delay).
 struct Napkin {
   double compute_ms = 0, wire_ms = 0, calls_ms = 0, total_ms = 0;
 };
 
-// alpha from the small all-reduce of `e`: its time less its wire time, per ring step.
-inline double step_cost_ms(const Extras& e, int n, double bytes_per_s) {
-  if (n < 2) return 0;
-  const double wire_ms = dist::ring_allreduce_wire_bytes(e.tiny_bytes, n) / bytes_per_s * 1e3;
-  return std::max(0.0, e.tiny_ms - wire_ms) / (2.0 * (n - 1));
+/// A call's own cost (Extras: measured per call of a burst), less the wire time of the burst's payload.
+struct CallCost {
+  double all_reduce_ms = 0, broadcast_ms = 0;
+};
+inline CallCost call_cost(const Extras& e, int n, double bytes_per_s) {
+  const double tree_steps = std::ceil(std::log2(std::max(1, n)));
+  CallCost out;
+  out.all_reduce_ms =
+      std::max(0.0, e.reduce_call_ms - dist::ring_allreduce_wire_bytes(e.tiny_bytes, n) / bytes_per_s * 1e3);
+  out.broadcast_ms = std::max(0.0, e.bcast_call_ms - tree_steps * e.tiny_bytes / bytes_per_s * 1e3);
+  return out;
 }
 
 inline Napkin napkin(int kind, const Result& r, const Extras& e, int n, double bytes_per_s, double delay_ms) {
-  const double alpha = step_cost_ms(e, n, bytes_per_s);
-  const double ring_steps = n > 1 ? 2.0 * (n - 1) : 0, tree_steps = std::ceil(std::log2(std::max(1, n)));
+  const CallCost own = call_cost(e, n, bytes_per_s);
+  const double tree_steps = std::ceil(std::log2(std::max(1, n)));
   const double reduce_wire_ms = dist::ring_allreduce_wire_bytes(r.all_reduce_bytes, n) / bytes_per_s * 1e3;
   const double bcast_wire_ms = tree_steps * r.broadcast_bytes / bytes_per_s * 1e3;
-  const double reduce_calls_ms = r.all_reduce_calls * (delay_ms + ring_steps * alpha);
-  const double bcast_calls_ms = r.broadcast_calls * (delay_ms + tree_steps * alpha);
   const bool overlap = kind >= 2;
+  const double reduce_own_ms = (overlap ? std::min(1.0, r.all_reduce_calls) : r.all_reduce_calls) * own.all_reduce_ms;
+  const double reduce_calls_ms = r.all_reduce_calls * delay_ms + reduce_own_ms;
+  const double bcast_calls_ms = r.broadcast_calls * (delay_ms + own.broadcast_ms);
   const double optimizer_ms = kind == 3 ? e.optimizer_ms / n : e.optimizer_ms;
   const double reduce_ms = reduce_wire_ms + reduce_calls_ms;
   Napkin out;
@@ -145,8 +159,9 @@ inline std::string serialize(const std::vector<Result>& results, double probe_ms
                              const Extras& extras = {}) {
   std::ostringstream out;
   out.precision(17);
-  out << probe_ms << " " << probe_bytes << " " << extras.tiny_ms << " " << extras.forward_ms << " "
-      << extras.backward_ms << " " << extras.optimizer_ms << " " << extras.tiny_bytes << "\n";
+  out << probe_ms << " " << probe_bytes << " " << extras.reduce_call_ms << " " << extras.forward_ms << " "
+      << extras.backward_ms << " " << extras.optimizer_ms << " " << extras.tiny_bytes << " " << extras.bcast_call_ms
+      << "\n";
   for (const auto& r : results) {
     out << r.variant << "\t" << r.collectives_per_step << "\t" << r.payload_bytes_per_step << "\t"
         << r.napkin_bytes_per_step << "\t" << r.median_ms << "\t" << r.min_ms << "\t" << r.max_ms << "\t"
@@ -164,8 +179,8 @@ inline std::vector<Result> deserialize(const std::string& text, double* probe_ms
   std::string line;
   std::getline(in, line);
   Extras e;
-  std::istringstream(line) >> *probe_ms >> *probe_bytes >> e.tiny_ms >> e.forward_ms >> e.backward_ms >>
-      e.optimizer_ms >> e.tiny_bytes;
+  std::istringstream(line) >> *probe_ms >> *probe_bytes >> e.reduce_call_ms >> e.forward_ms >> e.backward_ms >>
+      e.optimizer_ms >> e.tiny_bytes >> e.bcast_call_ms;
   if (extras) *extras = e;
   std::vector<Result> out;
   while (std::getline(in, line)) {
@@ -220,22 +235,9 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
   }
   // [demo_probe]
   Extras local;
-  {
-    // The per-call cost of the link and of Gloo: a small all-reduce (median of 20), no simulated delay yet.
-    at::Tensor tiny = at::ones({4096});
-    local.tiny_bytes = static_cast<double>(tiny.nbytes());
-    std::vector<double> ms;
-    for (int i = 0; i < 21; ++i) {
-      comm.barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      comm.all_reduce(tiny);
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    ms.erase(ms.begin());
-    local.tiny_ms = median(ms);
-  }
-  comm.set_simulated_delay(std::chrono::microseconds(c.sim_delay_us));  // from here on (0: none)
-  std::vector<double> round_forward, round_backward, round_optimizer;
+  at::Tensor tiny = at::zeros({4096});  // zeros: sums of the bursts stay finite
+  local.tiny_bytes = static_cast<double>(tiny.nbytes());
+  std::vector<double> round_forward, round_backward, round_optimizer, round_reduce_call, round_bcast_call;
 
   std::vector<Result> results(4);
   std::vector<at::Tensor> first_params;
@@ -264,6 +266,36 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
         o.push_back(std::chrono::duration<double, std::milli>(t3 - t2).count());
       }
       round_forward.push_back(median(f)), round_backward.push_back(median(b)), round_optimizer.push_back(median(o));
+    }
+    {
+      // [demo_call_cost]
+      // The per-call cost of Gloo, the kernel and the machine, in every round: bursts of small calls back to back
+      // (as the per-parameter variant's all-reduces and ZeRO-1's broadcasts go), with no simulated delay, per call,
+      // less the wire time of its bytes. An isolated call after a barrier costs more (every peer wakes up for it);
+      // a burst is what the steps make.
+      comm.set_simulated_delay(std::chrono::microseconds(0));
+      auto burst = [&](bool broadcast) {
+        std::vector<double> per_call;
+        for (int repeat = 0; repeat < 4; ++repeat) {
+          comm.barrier();
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int i = 0; i < kBurst; ++i) {
+            if (broadcast) {
+              comm.broadcast(tiny, i * n / kBurst);  // roots in blocks, as ZeRO-1's owners
+            } else {
+              comm.all_reduce(tiny);
+            }
+          }
+          per_call.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+                             kBurst);
+        }
+        per_call.erase(per_call.begin());  // warm-up
+        return median(per_call);
+      };
+      round_reduce_call.push_back(burst(false));
+      round_bcast_call.push_back(burst(true));
+      comm.set_simulated_delay(std::chrono::microseconds(c.sim_delay_us));  // for the steps (0: none)
+      // [demo_call_cost]
     }
     for (int kind = kPerParameter; kind <= kZero; ++kind) {
       auto model = mlp(c);
@@ -342,6 +374,7 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
   }
   local.forward_ms = median(round_forward), local.backward_ms = median(round_backward);
   local.optimizer_ms = median(round_optimizer);
+  local.reduce_call_ms = median(round_reduce_call), local.bcast_call_ms = median(round_bcast_call);
   if (extras) *extras = local;
   return results;
 }
