@@ -121,7 +121,7 @@ struct Napkin {
   double compute_ms = 0, wire_ms = 0, calls_ms = 0, total_ms = 0;
 };
 
-/// A call's own cost (Extras: measured per call of a burst), less the wire time of the burst's payload.
+// A call's own cost (Extras: measured per call of a burst), less the wire time of the burst's payload.
 struct CallCost {
   double all_reduce_ms = 0, broadcast_ms = 0;
 };

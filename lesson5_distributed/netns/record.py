@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Runs lesson 5's demo on shaped links (netns_run.sh) in the recorded settings and writes the results page.
+
+    sudo python3 lesson5_distributed/netns/record.py --demo .bazel/bin/lesson5_distributed/demo \\
+        --out docs/results/bench/lesson5_netns_cpu.md
+    python3 lesson5_distributed/netns/record.py --logs DIR --out FILE   # rewrite the page from earlier logs
+
+Every run's output goes to DIR/runK.log (a temporary folder unless --logs is given); the page holds, per run,
+the command, the date, the load before and after, the napkin inputs, the table of measured vs napkin step times
+and each round's ranking, and on top a verdict counted from those tables (rows within 1.5x, runs whose ranking
+held in every round). Needs root (namespaces); build the demo first (`bazel build //lesson5_distributed:demo`).
+"""
+import argparse
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# (ranks, Gbit/s per rank, simulated ms per collective, rounds, demo flags): the quick model, then the default one.
+RUNS = [
+    (2, "1", "0.5", 5, ["--quick", "--steps=20"]),
+    (4, "1", "0.5", 5, ["--quick", "--steps=20"]),
+    (2, "2.5", "0.1", 5, ["--quick", "--steps=20"]),
+    (4, "2.5", "0.1", 5, ["--quick", "--steps=20"]),
+    (2, "1", "0.5", 3, ["--steps=10"]),
+    (4, "1", "0.5", 3, ["--steps=10"]),
+    (2, "2.5", "0.1", 3, ["--steps=10"]),
+    (4, "2.5", "0.1", 3, ["--steps=10"]),
+]
+GOAL = 1.5
+
+
+def command_of(run, demo):
+    n, gbit, delay, rounds, flags = run
+    return ("OMP_NUM_THREADS=1 lesson5_distributed/netns/netns_run.sh --demo %s --world_size %d --gbit %s "
+            "--delay_ms %s --rounds %d -- %s" % (demo, n, gbit, delay, rounds, " ".join(flags)))
+
+
+def stamp():
+    """'2026-12-03 17:12:07 uptime: ... load average: a, b, c', as the log's start and end lines hold it."""
+    uptime = subprocess.run(["uptime"], stdout=subprocess.PIPE, universal_newlines=True).stdout.strip()
+    return "%s uptime: %s" % (time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), uptime)
+
+
+def record(run, demo, path):
+    n, gbit, delay, rounds, flags = run
+    start = stamp()
+    cmd = [os.path.join(HERE, "netns_run.sh"), "--demo", demo, "--world_size", str(n), "--gbit", gbit,
+           "--delay_ms", delay, "--rounds", str(rounds), "--"] + flags
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, timeout=900)
+    with open(path, "w") as f:
+        f.write("== start %s\n" % start)
+        f.write("== command: %s\n" % command_of(run, demo))
+        f.write(proc.stdout)
+        f.write("== exit %d\n== end %s\n" % (proc.returncode, stamp()))
+    return proc.returncode
+
+
+def parse(path):
+    text = open(path).read()
+    out = {"exit": int(re.search(r"^== exit (-?\d+)", text, re.M).group(1))}
+    m = re.search(r"^== start (\S+ \d+:\d+)\S* uptime: .*load average: (.*)$", text, re.M)
+    out["date"], out["load_before"] = m.group(1), m.group(2).replace(",", "")
+    out["load_after"] = re.search(r"^== end .*load average: (.*)$", text, re.M).group(1).replace(",", "")
+    out["command"] = re.search(r"^== command: (.*)$", text, re.M).group(1)
+    out["model"] = re.search(r"^(MLP .*)$", text, re.M).group(1)
+    out["link"] = re.search(r"^netns_run: ready: .*?; (.*)$", text, re.M).group(1)
+    out["napkin"] = re.search(r"^Napkin math: (.*)$", text, re.M).group(1)
+    rows = []
+    table = text.split("lesson5_network", 1)[1].splitlines()
+    for line in table[3:]:
+        if not line.strip() or line.startswith("round "):
+            break
+        m = re.match(r"^(.+?)\s{2,}(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(.*)$",
+                     line)
+        rows.append({"variant": m.group(1), "ranks": int(m.group(2)), "calls": m.group(3), "step": m.group(4),
+                     "napkin": m.group(5), "ratio": float(m.group(6)), "parts": m.group(7, 8, 9),
+                     "rounds": m.group(10).strip()})
+    out["rows"] = rows
+    out["rankings"] = re.findall(r"^round \d+ \(fastest first\): (.*)$", text, re.M)
+    out["same"] = re.search(r"^ranking the same in every round: (\S+)", text, re.M).group(1) == "yes"
+    return out
+
+
+def page(results):
+    rows = [r for res in results for r in res["rows"]]
+    within = sum(1 for r in rows if 1 / GOAL <= r["ratio"] <= GOAL)
+    stable = sum(1 for res in results if res["same"])
+    misses = ["%s with %d ranks %.2fx" % (r["variant"], r["ranks"], r["ratio"]) for r in rows
+              if not 1 / GOAL <= r["ratio"] <= GOAL]
+    torch = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "libtorch-dev"], stdout=subprocess.PIPE,
+                           universal_newlines=True).stdout.strip() or "unknown"
+    cpu = re.search(r"^Lesson 5 .* on (.+)$", open(results[0]["path"]).read(), re.M).group(1).split(") on ")[-1]
+    lines = [
+        "Date: %s .. %s UTC (the first run's and the last run's start)  " % (results[0]["date"], results[-1]["date"]),
+        "Device: %s  " % cpu,
+        "LibTorch: %s (Debian's libtorch-dev), Gloo; OMP_NUM_THREADS=1 (one thread per rank)  " % torch,
+        "Kernel: %s; %s  " % (platform.release(), results[0]["link"]),
+        "Commands: below, per run, after `bazel build //lesson5_distributed:demo`, as root, all written by "
+        "`python3 lesson5_distributed/netns/record.py --demo .bazel/bin/lesson5_distributed/demo --out <this file>`; "
+        "one of them through Bazel: `OMP_NUM_THREADS=1 bazel run //lesson5_distributed/netns:run -- --world_size=N "
+        "--gbit=G --delay_ms=D --rounds=R -- [--quick] --steps=S`  ",
+        "",
+        "**Verdict of this run.** %d of %d variant rows are within %.1fx of their napkin figure (goal: all); the "
+        "ranking was the same in every round in %d of %d runs (goal: all).%s" % (
+            within, len(rows), GOAL, stable, len(results),
+            " Outside: " + "; ".join(misses) + "." if misses else ""),
+        "",
+        "Lesson 5's demo with every rank in its own Linux network namespace (veth links to a bridge in a hub "
+        "namespace), made and removed by `lesson5_distributed/netns/netns_run.sh` (see \\ref lesson5_netns \"the "
+        "lesson page\"). **Bandwidth: kernel-shaped** (tbf on each rank's egress). **Latency: simulated** by "
+        "`dist::Comm` (one delay per collective) where the kernel has no netem. **Compute: measured** in every "
+        "round with no communication. **A call's own cost: measured** in every round, per kind of call, from "
+        "bursts of 16 small all-reduces and 16 small broadcasts back to back (Gloo, the kernel and waking the "
+        "peers' threads, less the wire time). Napkin (`l5demo::napkin` in demo_ranks.h) = forward + backward + "
+        "optimizer (ZeRO-1: 1/N of it) + ring all-reduce wire bytes / rate + broadcast tree steps x bytes / rate "
+        "+ calls x (simulated delay + the call's own cost); with overlap the all-reduces hide under backward and "
+        "their own costs overlap one another (one counted). Times are medians of the timed steps per round; the "
+        "step column is the median of the rounds' medians. Goal: measured / napkin within 1.5x (0.67 .. 1.5), "
+        "the same ranking in every round.",
+        "",
+    ]
+    model = None
+    for res in results:
+        if res["model"] != model:
+            model = res["model"]
+            lines += ["<b>%s</b>" % model, ""]
+        n = res["rows"][0]["ranks"]
+        m = re.search(r"--gbit (\S+) --delay_ms (\S+)", res["command"])
+        lines += [
+            "**N = %d, %s Gbit/s per rank, %s ms simulated per collective.** Date: %s UTC. Load (1, 5, 15 min) "
+            "before: %s; after: %s. Exit: %d.  " % (n, m.group(1), m.group(2), res["date"], res["load_before"],
+                                                    res["load_after"], res["exit"]),
+            "Command: `%s`  " % res["command"],
+            "Napkin inputs: %s" % res["napkin"],
+            "",
+            "| variant | calls / step | step ms (median of rounds) | napkin ms | measured / napkin | within 1.5x | "
+            "napkin: compute / wire / calls ms | round medians ms |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in res["rows"]:
+            ok = 1 / GOAL <= r["ratio"] <= GOAL
+            lines.append("| %s | %s | %s | %s | %.2f | %s | %s | %s |" % (
+                r["variant"], r["calls"], r["step"], r["napkin"], r["ratio"], "yes" if ok else "**no**",
+                " / ".join(r["parts"]), r["rounds"]))
+        lines.append("")
+        for i, ranking in enumerate(res["rankings"]):
+            lines.append("- round %d (fastest first): %s" % (i + 1, ranking))
+        lines += ["- ranking the same in every round: %s" % ("yes" if res["same"] else "NO"), ""]
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--demo", default=".bazel/bin/lesson5_distributed/demo", help="the built demo, from the root")
+    ap.add_argument("--logs", help="folder of runK.log files: reuse them if all are there, else write them there")
+    ap.add_argument("--out", required=True, help="the results page to write")
+    args = ap.parse_args()
+    logs = args.logs or tempfile.mkdtemp(prefix="l5netns-")
+    paths = [os.path.join(logs, "run%d.log" % (i + 1)) for i in range(len(RUNS))]
+    if not all(os.path.exists(p) for p in paths):
+        if os.geteuid() != 0:
+            sys.exit("record.py: the runs need root (network namespaces)")
+        os.makedirs(logs, exist_ok=True)
+        for run, path in zip(RUNS, paths):
+            print("record.py: %s" % command_of(run, args.demo), flush=True)
+            record(run, args.demo, path)
+    results = []
+    for path in paths:
+        res = parse(path)
+        res["path"] = path
+        results.append(res)
+    with open(args.out, "w") as f:
+        f.write(page(results))
+    print("record.py: wrote %s (logs in %s)" % (args.out, logs))
+
+
+if __name__ == "__main__":
+    main()
