@@ -117,7 +117,8 @@ Reducer::~Reducer() {
 void Reducer::grad_ready(size_t index, const at::Tensor& grad) {
   // TODO(lesson5, step 3): (Step 4 comes back to this line: when this backward does not sync — forward_sync_
   // == 0, or forward_sync_ < 0 and sync_ false — return at once, so that the gradient accumulates in .grad.)
-  // A parameter already ready means finish() was not called: say so. Under at::NoGradGuard copy `grad` plus
+  // A parameter already ready means finish() was not called: fail_unfinished(...) (given: it also lets the
+  // peers waiting in their finish() fail). Under at::NoGradGuard copy `grad` plus
   // its current .grad when defined (autograd adds `grad` into .grad only after this hook), flattened, into this
   // parameter's slot of its bucket's buffer, and divide the slot by the world size (before the sum, as DDP).
   // Mark it ready (and synced_backward_); when its bucket has no missing gradient left and options_.overlap,
@@ -132,8 +133,9 @@ void Reducer::finish() {
   // TODO(lesson5, step 3): Reset ready_, missing_, work_, next_to_launch_, forward_sync_ and synced_backward_
   // for the next backward when leaving, also when throwing. Mark every parameter that is not ready in a float
   // map (1 per such parameter) and zero its slot; launch the buckets not launched yet (in order); then
-  // comm_.all_reduce the map: the same calls on every rank. Wait for every bucket. Any non-zero entry: throw
-  // on every rank "got no gradient", with the parameter and on how many ranks. Else copy each slice (view_as
+  // comm_.all_reduce the map: the same calls on every rank. Wait for every bucket. An entry of at least
+  // kForgottenFinish: throw "another rank's finish() was not called" (fail_unfinished on that rank). Any other
+  // non-zero entry: throw on every rank "got no gradient", with the parameter and on how many ranks. Else copy each slice (view_as
   // the parameter) into .grad.
   TORCH_CHECK(false, "TODO(lesson5, step 3): Reducer::finish() is not implemented yet");
 }
@@ -141,8 +143,8 @@ void Reducer::finish() {
 
 // [forward]
 at::Tensor Reducer::forward(const std::function<at::Tensor()>& forward_fn) {
-  // TODO(lesson5, step 4): If a synced backward delivered gradients since the last finish(), throw "finish()
-  // was not called". Record forward_sync_ = sync_ (1 or 0): DDP decides no_sync in forward. Return forward_fn().
+  // TODO(lesson5, step 4): If a synced backward delivered gradients since the last finish():
+  // fail_unfinished("Reducer::forward"). Record forward_sync_ = sync_ (1 or 0): DDP decides no_sync in forward. Return forward_fn().
   TORCH_CHECK(false, "TODO(lesson5, step 4): Reducer::forward() is not implemented yet");
 }
 // [forward]

@@ -122,8 +122,19 @@ class Reducer {
   /// contributes zeros, so that every rank makes the same calls), then one all-reduce of the "no gradient" map
   /// (one float per parameter, DDP's local_used_map), waits for all and copies each average into its
   /// parameters' .grad; resets for the next backward. Errors, on EVERY rank when any rank lacks a gradient:
-  /// "got no gradient" naming the parameter and on how many ranks (unused parameters are not supported).
+  /// "got no gradient" naming the parameter and on how many ranks (unused parameters are not supported); when
+  /// an entry of the map is above the world size (kForgottenFinish: a rank that never called its finish() for
+  /// this backward, see fail_unfinished): "another rank's finish() was not called".
   void finish();
+
+  /// Given (given.cc). For grad_ready() and forward() when they find that finish() was not called after the
+  /// previous synced backward: the peers may be waiting in their finish() of that backward, so this rank makes
+  /// the calls its finish() would have made (the buckets not launched yet, in order, then the map, every entry
+  /// kForgottenFinish) and waits for them, so that every peer's finish() fails at once instead of timing out;
+  /// then throws "<where>: finish() was not called after the previous backward". When every rank forgot, their
+  /// calls meet each other's and every rank fails the same way.
+  [[noreturn]] void fail_unfinished(const char* where);
+  static constexpr float kForgottenFinish = 1e6f;
 
   /// Step 4. Runs `forward_fn` (the model's forward) and records whether the backward of its output
   /// communicates: sync() as it is NOW, as DDP's forward reads require_backward_grad_sync (leaving NoSync

@@ -566,6 +566,25 @@ TEST_CASE("[step3] a forgotten finish() gives a clear error on every rank") {
   check_every_rank_failed_with(outcomes, "finish() was not called");
 }
 
+TEST_CASE("[step3] finish() forgotten on one rank only gives a clear error on every rank, not a timeout") {
+  auto models = replicas(2);
+  const Data data(8);
+  for (bool overlap : {true, false}) {
+    CAPTURE(overlap);
+    const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+      const int r = comm.rank();
+      ddp::ReducerOptions options;
+      options.overlap = overlap;
+      ddp::Reducer reducer(comm, models[r]->parameters(), options);
+      for (int step = 0; step < 2; ++step) {
+        torch::mse_loss(models[r]->forward(ddp::shard(data.x, r, 2)), ddp::shard(data.y, r, 2)).backward();
+        if (r == 0) reducer.finish();  // rank 1 forgets it
+      }
+    });
+    check_every_rank_failed_with(outcomes, "finish() was not called");
+  }
+}
+
 TEST_CASE("[step3] the lesson's buckets are the ones DDP rebuilds from the order gradients arrived in") {
   // DDP records the order its hooks fire in during the first backward and rebuilds its buckets in that order
   // (rebuild_buckets). make_buckets assumes reverse parameter order; for this model it is exactly that order.

@@ -204,8 +204,7 @@ void Reducer::grad_ready(size_t index, const at::Tensor& grad) {
   // As DDP: what the forward of this backward saw decides (without forward(), sync() as it is now).
   const bool sync = forward_sync_ >= 0 ? forward_sync_ == 1 : sync_;
   if (!sync) return;  // no_sync: let the gradient accumulate in .grad, talk at the window's last backward
-  TORCH_CHECK(!ready_[index], "rank ", comm_.rank(), ": Reducer: parameter ", index,
-              " got a second gradient before finish(); finish() was not called after the previous backward");
+  if (ready_[index]) fail_unfinished("Reducer: a parameter got a second gradient before finish()");
   at::NoGradGuard no_grad;
   const at::Tensor& param = params_[index];
   const size_t b = bucket_of_[index];
@@ -263,6 +262,9 @@ void Reducer::finish() {
   const at::Tensor missing = unused.cpu();
   for (size_t i = 0; i < params_.size(); ++i) {
     const float ranks = missing[static_cast<int64_t>(i)].item<float>();
+    TORCH_CHECK(ranks < Reducer::kForgottenFinish, "rank ", comm_.rank(),
+                ": Reducer::finish: another rank's finish() was not called after its previous backward (it went on "
+                "to its next backward or forward)");
     TORCH_CHECK(ranks == 0, "rank ", comm_.rank(), ": parameter ", i, " got no gradient in this backward on ",
                 static_cast<int>(ranks), " of ", comm_.world_size(),
                 " ranks (unused parameters are not supported: every rank's loss must use every parameter)");
@@ -282,8 +284,7 @@ void Reducer::finish() {
 
 // [forward]
 at::Tensor Reducer::forward(const std::function<at::Tensor()>& forward_fn) {
-  TORCH_CHECK(!synced_backward_, "rank ", comm_.rank(),
-              ": Reducer::forward: finish() was not called after the previous backward");
+  if (synced_backward_) fail_unfinished("Reducer::forward");
   forward_sync_ = sync_ ? 1 : 0;  // DDP reads require_backward_grad_sync in forward, not in backward
   return forward_fn();
 }

@@ -83,4 +83,12 @@ MUTANTS = [
      "  auto size = [&](size_t i) { return params[i].numel(); };  // elements, as ZeroRedundancyOptimizer counts",
      "  auto size = [&](size_t i) { return params[i].numel() * static_cast<int64_t>(params[i].element_size()); };",
      "the ZeRO partition counts bytes, where PyTorch counts elements"),
+    ("l5_finish_ignores_forgotten_finish", L5,
+     """    TORCH_CHECK(ranks < Reducer::kForgottenFinish, "rank ", comm_.rank(),""",
+     """    TORCH_CHECK(true, "rank ", comm_.rank(),""",
+     "finish() does not read the mark of a rank that forgot its finish(): it reports a parameter with no gradient"),
+    ("l5_grad_ready_throws_alone", L5,
+     """  if (ready_[index]) fail_unfinished("Reducer: a parameter got a second gradient before finish()");""",
+     """  TORCH_CHECK(!ready_[index], "rank ", comm_.rank(), ": finish() was not called after the previous backward");""",
+     "a second gradient before finish() fails this rank only: a peer waiting in its finish() times out"),
 ]
