@@ -41,7 +41,8 @@ int run(int argc, char** argv) {
                                {"csv_dir", "write the table as CSV here and append the summary"},
                                {"numel", "elements per tensor (default 16777216 = 64 MiB of float32; quick 1M)"},
                                {"rounds", "rounds; each variant is timed in every round (default 3)"},
-                               {"repeats", "timed calls per variant and round (default 5)"}});
+                               {"repeats", "timed calls per variant and round (default 5)"},
+                               {"threads", "ATen intra-op threads (default: LibTorch's own choice)"}});
   const bool quick = flags.has("quick");
   const c10::Device device = workshop::parse_device(flags.get("device", "cpu"));
   TORCH_CHECK(device.is_cpu(), "lesson 6 demo: the fused operator has a CPU kernel only (CUDA: not written yet)");
@@ -49,6 +50,7 @@ int run(int argc, char** argv) {
   const int rounds = static_cast<int>(flags.get_int("rounds", 3));
   const int repeats = static_cast<int>(flags.get_int("repeats", 5));
   const std::string csv_dir = flags.get("csv_dir", "");
+  if (flags.has("threads")) at::set_num_threads(static_cast<int>(flags.get_int("threads", 1)));
 
   std::cout << "Lesson 6 — fused kernels: one AdamW step\n"
             << "device: " << workshop::device_name(device) << ", ATen threads: " << at::get_num_threads() << "\n"
@@ -80,6 +82,7 @@ int run(int argc, char** argv) {
   const int64_t copy_bytes = fused.total() / 2;
   const torch::Tensor src = torch::rand({copy_bytes / 4});
   torch::Tensor dst = torch::empty({copy_bytes / 4});
+  torch::Tensor in_place = torch::rand({copy_bytes / 4});
   const char* src_bytes = static_cast<const char*>(src.data_ptr());
   char* dst_bytes = static_cast<char*>(dst.data_ptr());
 
@@ -96,6 +99,9 @@ int run(int argc, char** argv) {
                       {},
                       0,
                       true});
+  // A copy's destination is read before it is written (write-allocate caches), which the napkin does not count;
+  // the fused step writes only what it has just read. So a third ceiling: read and write the same bytes in place.
+  variants.push_back({"in place (mul_ by 1)", 1, 2 * copy_bytes, [&] { in_place.mul_(1.0); }, {}, 0, true});
   variants.push_back({"fused op (float32)", fused.passes, fused.total(),
                       [&] { fusion::fused_adamw_(p_fused, grad, m_fused, v_fused, hyper, ++step_fused); }});
   variants.push_back({"fused op (bfloat16 param)", fused16.passes, fused16.total(),
@@ -120,7 +126,7 @@ int run(int argc, char** argv) {
   }
 
   auto gbps = [](int64_t bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; };
-  double ceiling = 0;  // the best copy's median rate
+  double ceiling = 0;  // the best copy's median rate (best of the three ways)
   for (const Variant& v : variants) {
     if (v.is_copy) ceiling = std::max(ceiling, gbps(v.napkin_bytes, workshop::median(v.samples)));
   }
@@ -136,9 +142,10 @@ int run(int argc, char** argv) {
     const double ms = workshop::median(v.samples);
     const double rate = gbps(v.napkin_bytes, ms);
     const double fraction = 100.0 * rate / ceiling;
-    // A rate above the copy's means the napkin over-counts what reaches memory (caches): do not trust it.
+    // A rate above the copy's means the napkin over-counts what reaches memory (caches): do not trust it. (The
+    // ceiling's own row is 100% up to rounding.)
     const std::string of_ceiling =
-        fraction > 100.0 ? workshop::fixed(fraction, 0) + "% (suspect: > 100%)" : workshop::fixed(fraction, 0) + "%";
+        fraction > 100.5 ? workshop::fixed(fraction, 0) + "% (suspect: > 100%)" : workshop::fixed(fraction, 0) + "%";
     table.add({v.name, std::to_string(v.passes), workshop::fixed(v.napkin_bytes / kMiB, 0), workshop::fixed(ms, 2),
                workshop::fixed(*std::min_element(v.samples.begin(), v.samples.end()), 2), workshop::fixed(rate, 2),
                of_ceiling, workshop::fixed(v.allocated_bytes / kMiB, 1),
@@ -147,8 +154,9 @@ int run(int argc, char** argv) {
   table.emit(csv_dir);
   std::cout << "napkin MiB: bytes read + written if every op streams its operands from memory once (step 1); GB/s "
                "= napkin bytes / median time.\n"
-            << "copy ceiling: the faster copy's median rate, " << workshop::fixed(ceiling, 2) << " GB/s, copying "
-            << workshop::mib(static_cast<double>(copy_bytes)) << " (the fused step's bytes: half read, half written).\n"
+            << "copy ceiling: the fastest of the three copies' median rates, " << workshop::fixed(ceiling, 2)
+            << " GB/s, copying " << workshop::mib(static_cast<double>(copy_bytes))
+            << " (the fused step's bytes: half read, half written).\n"
             << "allocated: peak bytes one call allocates (counting CPU allocator): the unfused step's two "
                "temporaries.\n";
 

@@ -59,14 +59,16 @@ void adamw_kernel_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp
 
 /// Step 3. Rejects every input the kernel cannot handle, with a c10::Error whose message starts
 /// "fused_adamw_: " and names the problem:
-///   "<name> is undefined"
+///   "param is undefined", "grad is undefined", "exp_avg is undefined", "exp_avg_sq is undefined"
 ///   "param, grad, exp_avg and exp_avg_sq must have the same shape"
 ///   "param must be float32, bfloat16 or float16"
 ///   "grad must have param's dtype"
 ///   "exp_avg and exp_avg_sq must be float32"
 ///   "all tensors must be on one device"
-///   "<name> is not contiguous"
-///   "<name> and <name> overlap in memory"       (any two of the four share bytes)
+///   "param is not contiguous", "grad is not contiguous", "exp_avg is not contiguous",
+///   "exp_avg_sq is not contiguous"
+///   "param and grad overlap in memory", ..., "exp_avg and exp_avg_sq overlap in memory": the first pair, in
+///   the order param, grad, exp_avg, exp_avg_sq, of the six that share bytes
 ///   "step must be >= 1"
 ///   "lr must be >= 0", "eps must be >= 0", "weight_decay must be >= 0"
 ///   "beta1 must be in [0, 1)", "beta2 must be in [0, 1)"
