@@ -8,8 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
 
 namespace at {
 class Tensor;
@@ -67,8 +69,10 @@ void adamw_kernel_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp
 ///   "all tensors must be on one device"
 ///   "param is not contiguous", "grad is not contiguous", "exp_avg is not contiguous",
 ///   "exp_avg_sq is not contiguous"
-///   "param and grad overlap in memory", ..., "exp_avg and exp_avg_sq overlap in memory": the first pair, in
-///   the order param, grad, exp_avg, exp_avg_sq, of the six that share bytes
+///   "param and grad overlap in memory", "param and exp_avg overlap in memory",
+///   "param and exp_avg_sq overlap in memory", "grad and exp_avg overlap in memory",
+///   "grad and exp_avg_sq overlap in memory", "exp_avg and exp_avg_sq overlap in memory"
+///   (the first of the six pairs, in this order, that shares bytes)
 ///   "step must be >= 1"
 ///   "lr must be >= 0", "eps must be >= 0", "weight_decay must be >= 0"
 ///   "beta1 must be in [0, 1)", "beta2 must be in [0, 1)"
@@ -81,11 +85,38 @@ void check_adamw_args(const at::Tensor& param, const at::Tensor& grad, const at:
 void fused_adamw_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
                      double beta1, double beta2, double eps, double weight_decay, int64_t step);
 
-/// The operator's name and schema (what TORCH_LIBRARY must define).
+/// Step 4. The multi-tensor kernel: one AdamW step for every tuple (params[i], grads[i], exp_avgs[i],
+/// exp_avg_sqs[i]) in ONE at::parallel_for over all their elements together, instead of one parallel region per
+/// tensor. Each tuple may have its own dtype (float32, bfloat16, float16 parameters; float32 state). The result
+/// for each tensor is bit for bit what adamw_kernel_cpu gives it. Assumes check_adamw_multi_args() accepted it.
+void adamw_multi_kernel_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
+                            const AdamWHyper& hyper, int64_t step);
+
+/// Step 4. The checks of the multi-tensor operator, each a c10::Error whose message starts
+/// "fused_adamw_multi_: ":
+///   "the lists must have one length"                  (with the four lengths)
+///   "tensor 2: fused_adamw_: grad is not contiguous"  (check_adamw_args() of each tuple, with its index)
+///   "params[1] and params[0] overlap in memory"       (any two tensors of different tuples that share bytes)
+/// Empty lists and empty tensors are accepted.
+void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
+                            const AdamWHyper& hyper, int64_t step);
+
+/// Step 4. The CPU kernel of workshop::fused_adamw_multi_: check_adamw_multi_args(), then adamw_multi_kernel_cpu().
+void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                           c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
+                           double beta1, double beta2, double eps, double weight_decay, int64_t step);
+
+/// The operators' names and schemas (what TORCH_LIBRARY and, in step 4, TORCH_LIBRARY_FRAGMENT must define).
 constexpr const char* kOpName = "workshop::fused_adamw_";
 constexpr const char* kOpSchema =
     "fused_adamw_(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, float lr, "
     "float beta1, float beta2, float eps, float weight_decay, int step) -> ()";
+constexpr const char* kMultiOpName = "workshop::fused_adamw_multi_";
+constexpr const char* kMultiOpSchema =
+    "fused_adamw_multi_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+    "float lr, float beta1, float beta2, float eps, float weight_decay, int step) -> ()";
 
 // ---- given (lesson6_fusion/given.cc) ---------------------------------------------------------------------
 
@@ -93,6 +124,11 @@ constexpr const char* kOpSchema =
 /// any LibTorch user would. Throws c10::Error when the operator is not registered.
 void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                   const AdamWHyper& hyper, int64_t step);
+
+/// Calls workshop::fused_adamw_multi_ through the dispatcher, found by name.
+void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                        const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                        const AdamWHyper& hyper, int64_t step);
 
 /// The unfused step, one ATen op at a time, in torch::optim::AdamW's order (the baseline the lesson fuses):
 ///   p.mul_(1 - lr * wd)                       (only when wd != 0)

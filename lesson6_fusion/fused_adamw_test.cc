@@ -235,7 +235,7 @@ TEST_CASE("[step2] with a zero gradient only the weight decay moves the paramete
   }
 }
 
-TEST_CASE("[step2] every element is updated, also in the last partial vector and in every thread's range") {
+TEST_CASE("[step2] every element is updated, also in the last partial vector and across pieces of work") {
   for (int64_t n : {1, 3, 7, 9, 33, 100003}) {
     CAPTURE(n);
     torch::manual_seed(6);
@@ -411,6 +411,12 @@ TEST_CASE("[step3] each bad input gives its named error") {
   SUBCASE("overlap") {
     CHECK_THROWS_WITH_AS(call(s.param, s.param, s.exp_avg, s.exp_avg_sq, good, 1),
                          Contains("param and grad overlap in memory"), c10::Error);
+    CHECK_THROWS_WITH_AS(call(s.param, grad, s.exp_avg, s.param, good, 1),
+                         Contains("param and exp_avg_sq overlap in memory"), c10::Error);
+    CHECK_THROWS_WITH_AS(call(s.param, grad, grad, s.exp_avg_sq, good, 1),
+                         Contains("grad and exp_avg overlap in memory"), c10::Error);
+    CHECK_THROWS_WITH_AS(call(s.param, grad, s.exp_avg, grad, good, 1),
+                         Contains("grad and exp_avg_sq overlap in memory"), c10::Error);
     const torch::Tensor both = torch::zeros({n + 8});
     CHECK_THROWS_WITH_AS(call(s.param, grad, both.slice(0, 0, n), both.slice(0, 8, n + 8), good, 1),
                          Contains("exp_avg and exp_avg_sq overlap in memory"), c10::Error);
@@ -436,4 +442,94 @@ TEST_CASE("[step3] each bad input gives its named error") {
     check(with([](fusion::AdamWHyper& h) { h.beta2 = 1.5; }), "beta2 must be in [0, 1)");
   }
   CHECK(torch::equal(s.exp_avg, torch::zeros({n})));  // no refused call wrote anything
+}
+
+// ---- step 4: the multi-tensor operator ------------------------------------------------------------------
+
+namespace {
+
+// Parameters of assorted sizes and dtypes, as a model has them (an empty one included), with float32 state.
+struct Lists {
+  std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+};
+
+Lists make_lists(uint64_t seed) {
+  torch::manual_seed(seed);
+  Lists l;
+  const std::vector<std::pair<int64_t, torch::ScalarType>> shapes = {{40000, torch::kFloat},  {1, torch::kFloat},
+                                                                     {0, torch::kFloat},      {7, torch::kBFloat16},
+                                                                     {100003, torch::kFloat}, {33, torch::kHalf},
+                                                                     {5000, torch::kBFloat16}};
+  for (const auto& [numel, dtype] : shapes) {
+    l.params.push_back(torch::randn({numel}).to(dtype));
+    l.grads.push_back(torch::randn({numel}).to(dtype));
+    l.exp_avgs.push_back(torch::zeros({numel}));
+    l.exp_avg_sqs.push_back(torch::zeros({numel}));
+  }
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("[step4] the multi-tensor op gives every tensor exactly what the single-tensor op gives it") {
+  Lists multi = make_lists(12), single = make_lists(12);
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  for (int64_t step = 1; step <= 3; ++step) {
+    fusion::fused_adamw_multi_(multi.params, multi.grads, multi.exp_avgs, multi.exp_avg_sqs, hyper, step);
+    for (size_t i = 0; i < single.params.size(); ++i) {
+      fusion::fused_adamw_(single.params[i], single.grads[i], single.exp_avgs[i], single.exp_avg_sqs[i], hyper, step);
+    }
+  }
+  for (size_t i = 0; i < multi.params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(multi.params[i], single.params[i]));  // the same arithmetic: the same bits
+    CHECK(torch::equal(multi.exp_avgs[i], single.exp_avgs[i]));
+    CHECK(torch::equal(multi.exp_avg_sqs[i], single.exp_avg_sqs[i]));
+  }
+}
+
+TEST_CASE("[step4] the dispatcher finds workshop::fused_adamw_multi_, and empty tensors are accepted") {
+  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(fusion::kMultiOpName, "");
+  std::ostringstream schema;
+  schema << op.schema();
+  CAPTURE(schema.str());
+  CHECK(schema.str().find("workshop::fused_adamw_multi_(Tensor(a!)[] params, Tensor[] grads") == 0);
+  CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU));
+  const std::vector<torch::Tensor> none;
+  CHECK_NOTHROW(fusion::fused_adamw_multi_(none, none, none, none, fusion::AdamWHyper{}, 1));  // given.cc returns
+  const std::vector<torch::Tensor> empty = {torch::empty({0}), torch::empty({2, 0})};
+  CHECK_NOTHROW(fusion::fused_adamw_multi_(empty, empty, {torch::zeros({0}), torch::zeros({2, 0})},
+                                           {torch::zeros({0}), torch::zeros({2, 0})}, fusion::AdamWHyper{}, 1));
+}
+
+TEST_CASE("[step4] bad lists give their named errors, and nothing is written") {
+  Lists l = make_lists(13);
+  const fusion::AdamWHyper h;
+  SUBCASE("lengths") {
+    std::vector<torch::Tensor> short_grads(l.grads.begin(), l.grads.end() - 1);
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, short_grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("the lists must have one length"), c10::Error);
+  }
+  SUBCASE("one tuple's error, with its index") {
+    l.grads[3] = torch::randn({14}).to(torch::kBFloat16).slice(0, 0, 14, 2);  // 7 elements, strided
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("tensor 3"), c10::Error);
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("grad is not contiguous"), c10::Error);
+  }
+  SUBCASE("two tuples sharing memory") {
+    const torch::Tensor shared = torch::randn({100});
+    l.params[0] = shared.slice(0, 0, 60);
+    l.grads[0] = torch::randn({60});
+    l.exp_avgs[0] = torch::zeros({60});
+    l.exp_avg_sqs[0] = torch::zeros({60});
+    l.params[1] = shared.slice(0, 59, 60);  // the last element of params[0]
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("params[1] and params[0] overlap in memory"), c10::Error);
+    l.params[1] = torch::randn({1});
+    l.exp_avg_sqs[6] = l.exp_avgs[4].slice(0, 0, 5000);  // a moment inside another tuple's moment
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("overlap in memory"), c10::Error);
+  }
+  for (const torch::Tensor& m : l.exp_avgs) CHECK(m.abs().sum().item<float>() == 0.0f);
 }

@@ -22,6 +22,20 @@ void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
   op.call(param, grad, exp_avg, exp_avg_sq, hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay, step);
 }
 
+void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                        const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                        const AdamWHyper& hyper, int64_t step) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(kMultiOpName, "")
+                             .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList, double, double,
+                                         double, double, double, int64_t)>();
+  // With no tensor at all the dispatcher has nothing to choose a backend (CPU, CUDA) from: nothing to do anyway.
+  if (params.empty() && grads.empty() && exp_avgs.empty() && exp_avg_sqs.empty()) return;
+  at::NoGradGuard no_grad;
+  op.call(params, grads, exp_avgs, exp_avg_sqs, hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay,
+          step);
+}
+
 void unfused_adamw_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                         const AdamWHyper& hyper, int64_t step) {
   // The same operations, in the same order and with the same scalars, as LibTorch's torch::optim::AdamW::step.

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -146,6 +148,18 @@ void adamw_range(T* p, const T* g, float* m, float* v, int64_t begin, int64_t en
   }
 }
 
+// The work is cut into pieces of kChunk elements, the same pieces whatever the number of threads (so a run with
+// one thread exercises the same boundaries as a run with many); at::parallel_for hands them out, a few per thread.
+constexpr int64_t kChunk = 32768;  // 128 KiB of float32 per tensor: enough to amortise starting a piece
+
+template <typename F>
+void for_each_chunk(int64_t total, const F& f) {
+  const int64_t chunks = (total + kChunk - 1) / kChunk;
+  at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t k = first; k < last; ++k) f(k * kChunk, std::min(total, (k + 1) * kChunk));
+  });
+}
+
 template <typename T>
 void adamw_all(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                const Coefficients& c, bool decay) {
@@ -153,9 +167,8 @@ void adamw_all(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, a
   const T* g = grad.data_ptr<T>();
   float* m = exp_avg.data_ptr<float>();
   float* v = exp_avg_sq.data_ptr<float>();
-  // One parallel region; each thread takes a contiguous range large enough to amortise its start.
-  at::parallel_for(0, param.numel(), 32768,
-                   [&](int64_t begin, int64_t end) { adamw_range(p, g, m, v, begin, end, c, decay); });
+  // One parallel region over the tensor.
+  for_each_chunk(param.numel(), [&](int64_t begin, int64_t end) { adamw_range(p, g, m, v, begin, end, c, decay); });
 }
 
 }  // namespace
@@ -251,3 +264,104 @@ TORCH_LIBRARY(workshop, m) { m.def(fusion::kOpSchema); }
 // The CPU kernel behind it. A CUDA kernel would be one more TORCH_LIBRARY_IMPL(workshop, CUDA, m).
 TORCH_LIBRARY_IMPL(workshop, CPU, m) { m.impl("fused_adamw_", TORCH_FN(fusion::fused_adamw_cpu)); }
 // [register]
+
+namespace fusion {
+
+// [multi_kernel]
+namespace {
+
+// Step 2's loop on elements [lo, hi) of one tuple, for the tuple's dtype.
+void update_part(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                 const at::Tensor& exp_avg_sq, int64_t lo, int64_t hi, const Coefficients& c, bool decay) {
+  float* m = exp_avg.data_ptr<float>();
+  float* v = exp_avg_sq.data_ptr<float>();
+  switch (param.scalar_type()) {
+    case c10::ScalarType::Float:
+      return adamw_range(param.data_ptr<float>(), grad.data_ptr<float>(), m, v, lo, hi, c, decay);
+    case c10::ScalarType::BFloat16:
+      return adamw_range(param.data_ptr<c10::BFloat16>(), grad.data_ptr<c10::BFloat16>(), m, v, lo, hi, c, decay);
+    case c10::ScalarType::Half:
+      return adamw_range(param.data_ptr<c10::Half>(), grad.data_ptr<c10::Half>(), m, v, lo, hi, c, decay);
+    default:
+      TORCH_CHECK(false, "adamw_multi_kernel_cpu: unsupported dtype ", param.scalar_type());
+  }
+}
+
+}  // namespace
+
+void adamw_multi_kernel_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
+                            const AdamWHyper& hyper, int64_t step) {
+  const size_t count = params.size();
+  std::vector<int64_t> offsets(count + 1, 0);  // the tensors laid end to end: tensor i is [offsets[i], offsets[i+1])
+  for (size_t i = 0; i < count; ++i) offsets[i + 1] = offsets[i] + params[i].numel();
+  if (offsets[count] == 0) return;
+  const Coefficients c = coefficients(hyper, step);
+  const bool decay = hyper.weight_decay != 0;
+  // One parallel region for the whole list: a piece may cover the end of one tensor and the start of the next.
+  for_each_chunk(offsets[count], [&](int64_t begin, int64_t end) {
+    size_t t = std::upper_bound(offsets.begin(), offsets.end(), begin) - offsets.begin() - 1;  // holds `begin`
+    for (; t < count && offsets[t] < end; ++t) {
+      const int64_t lo = std::max(begin, offsets[t]) - offsets[t];
+      const int64_t hi = std::min(end, offsets[t + 1]) - offsets[t];
+      if (lo < hi) update_part(params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], lo, hi, c, decay);
+    }
+  });
+}
+// [multi_kernel]
+
+// [multi_check_args]
+void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
+                            const AdamWHyper& hyper, int64_t step) {
+  TORCH_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() && exp_avg_sqs.size() == params.size(),
+              "fused_adamw_multi_: the lists must have one length, got ", params.size(), ", ", grads.size(), ", ",
+              exp_avgs.size(), ", ", exp_avg_sqs.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    try {
+      check_adamw_args(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], hyper, step);
+    } catch (const c10::Error& error) {
+      TORCH_CHECK(false, "fused_adamw_multi_: tensor ", i, ": ", error.what_without_backtrace());
+    }
+  }
+  // Within a tuple check_adamw_args looked; across tuples: sort all byte ranges by start, compare neighbours.
+  struct Range {
+    const char* begin;
+    const char* end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
+  const c10::ArrayRef<at::Tensor>* lists[] = {&params, &grads, &exp_avgs, &exp_avg_sqs};
+  const char* names[] = {"params", "grads", "exp_avgs", "exp_avg_sqs"};
+  for (int l = 0; l < 4; ++l) {
+    for (size_t i = 0; i < lists[l]->size(); ++i) {
+      const at::Tensor& t = (*lists[l])[i];
+      if (t.numel() == 0) continue;
+      const char* start = static_cast<const char*>(t.data_ptr());
+      ranges.push_back({start, start + t.nbytes(), std::string(names[l]) + "[" + std::to_string(i) + "]"});
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t k = 1; k < ranges.size(); ++k) {
+    TORCH_CHECK(ranges[k].begin >= ranges[k - 1].end, "fused_adamw_multi_: ", ranges[k].name, " and ",
+                ranges[k - 1].name, " overlap in memory");
+  }
+}
+// [multi_check_args]
+
+void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                           c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
+                           double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
+  check_adamw_multi_args(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
+  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
+}
+
+}  // namespace fusion
+
+// [register_multi]
+// A second operator in the same namespace: a fragment adds to the one TORCH_LIBRARY.
+TORCH_LIBRARY_FRAGMENT(workshop, m) { m.def(fusion::kMultiOpSchema); }
+
+TORCH_LIBRARY_IMPL(workshop, CPU, m) { m.impl("fused_adamw_multi_", TORCH_FN(fusion::fused_adamw_multi_cpu)); }
+// [register_multi]

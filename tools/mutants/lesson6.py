@@ -83,4 +83,17 @@ MUTANTS = [
      "TORCH_CHECK(hyper.beta1 >= 0 && hyper.beta1 < 1,",
      "TORCH_CHECK(hyper.beta1 >= 0 && hyper.beta1 <= 1,",
      "beta1 = 1 (a first moment that never moves) is accepted"),
+    # ---- step 4: the multi-tensor operator --------------------------------------------------------------
+    ("l6_multi_first_tensor_only", L6,
+     "for (; t < count && offsets[t] < end; ++t) {",
+     "for (; t < count && offsets[t] <= begin; ++t) {",
+     "a range that spans several tensors updates only the one it starts in"),
+    ("l6_multi_offset_not_clipped", L6,
+     "const int64_t hi = std::min(end, offsets[t + 1]) - offsets[t];",
+     "const int64_t hi = offsets[t + 1] - offsets[t];",
+     "each range updates the rest of its tensor, not only its own part (elements are updated twice)"),
+    ("l6_multi_no_cross_overlap", L6,
+     "    TORCH_CHECK(ranges[k].begin >= ranges[k - 1].end, ",
+     "    TORCH_CHECK(true || ranges[k].begin >= ranges[k - 1].end, ",
+     "tensors of different tuples may share memory"),
 ]
