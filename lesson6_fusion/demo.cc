@@ -42,7 +42,8 @@ int run(int argc, char** argv) {
                                {"numel", "elements per tensor (default 16777216 = 64 MiB of float32; quick 1M)"},
                                {"rounds", "rounds; each variant is timed in every round (default 3)"},
                                {"repeats", "timed calls per variant and round (default 5)"},
-                               {"threads", "ATen intra-op threads (default: LibTorch's own choice)"}});
+                               {"threads", "ATen intra-op threads (default: LibTorch's own choice)"},
+                               {"small", "elements per tensor in the many-parameters table (default 4096)"}});
   const bool quick = flags.has("quick");
   const c10::Device device = workshop::parse_device(flags.get("device", "cpu"));
   TORCH_CHECK(device.is_cpu(), "lesson 6 demo: the fused operator has a CPU kernel only (CUDA: not written yet)");
@@ -159,6 +160,60 @@ int run(int argc, char** argv) {
             << " (the fused step's bytes: half read, half written).\n"
             << "allocated: peak bytes one call allocates (counting CPU allocator): the unfused step's two "
                "temporaries.\n";
+
+  // The same number of elements as many small parameters, as a model has them: one multi-tensor call against one
+  // call per tensor and against torch::optim::AdamW over the list.
+  const int64_t small = flags.get_int("small", 4096);
+  const int64_t count = std::max<int64_t>(1, n / small);
+  std::vector<torch::Tensor> grads_many, ps_multi, ms_multi, vs_multi, ps_loop, ms_loop, vs_loop, ps_torch;
+  for (int64_t i = 0; i < count; ++i) {
+    const torch::Tensor p0 = torch::randn({small});
+    grads_many.push_back(torch::randn({small}));
+    ps_multi.push_back(p0.clone());
+    ps_loop.push_back(p0.clone());
+    ps_torch.push_back(p0.clone().requires_grad_(true));
+    ps_torch.back().mutable_grad() = grads_many.back().clone();
+    for (auto* state : {&ms_multi, &vs_multi, &ms_loop, &vs_loop}) state->push_back(torch::zeros({small}));
+  }
+  torch::optim::AdamW optimizer_many(ps_torch, torch::optim::AdamWOptions(hyper.lr)
+                                                   .betas({hyper.beta1, hyper.beta2})
+                                                   .eps(hyper.eps)
+                                                   .weight_decay(hyper.weight_decay));
+  int64_t step_multi = 0, step_loop = 0;
+  const int64_t many_bytes = fusion::fused_adamw_traffic(count * small, torch::kFloat).total();
+  std::vector<Variant> many;
+  many.push_back({"fused_adamw_multi_ (one call)", 1, many_bytes,
+                  [&] { fusion::fused_adamw_multi_(ps_multi, grads_many, ms_multi, vs_multi, hyper, ++step_multi); }});
+  many.push_back({"fused_adamw_ (one call per tensor)", count, many_bytes, [&] {
+                    ++step_loop;
+                    for (int64_t i = 0; i < count; ++i) {
+                      fusion::fused_adamw_(ps_loop[i], grads_many[i], ms_loop[i], vs_loop[i], hyper, step_loop);
+                    }
+                  }});
+  many.push_back({"torch::optim::AdamW", count * unfused.passes,
+                  fusion::unfused_adamw_traffic(count * small, torch::kFloat, true).total(),
+                  [&] { optimizer_many.step(); }});
+  for (Variant& v : many) v.step();
+  for (int r = 0; r < rounds; ++r) {
+    for (Variant& v : many) {
+      const workshop::Timing t = workshop::time_repeated(device, v.step, 0, repeats);
+      v.samples.insert(v.samples.end(), t.samples_ms.begin(), t.samples_ms.end());
+    }
+  }
+  const double many_torch_ms = workshop::median(many.back().samples);
+  std::cout << "\nMany parameters: " << count << " tensors of " << small << " float32 elements ("
+            << workshop::mib(4.0 * count * small) << " per list)\n";
+  workshop::Table many_table("lesson6_many", {"variant", "calls per step", "median ms", "min ms", "GB/s (fused napkin)",
+                                              "vs torch AdamW"});
+  for (const Variant& v : many) {
+    const double ms = workshop::median(v.samples);
+    many_table.add({v.name, std::to_string(v.passes), workshop::fixed(ms, 2),
+                    workshop::fixed(*std::min_element(v.samples.begin(), v.samples.end()), 2),
+                    workshop::fixed(gbps(many_bytes, ms), 2), workshop::fixed(many_torch_ms / ms, 2) + "x"});
+  }
+  many_table.emit(csv_dir);
+  std::cout << "calls per step: operator calls (torch::optim::AdamW: tensor ops). GB/s: the fused step's napkin bytes "
+               "/ median time, for every row.\n";
 
   workshop::append_summary(csv_dir, {{"6 fused kernels", "AdamW step (ms), torch::optim::AdamW vs fused op", torch_ms,
                                       fused_ms, workshop::device_name(device)}});
