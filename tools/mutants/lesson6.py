@@ -50,15 +50,13 @@ MUTANTS = [
      "",
      "the fused step forgets the weight decay"),
     ("l6_16bit_truncates", L6,
-     "for (int64_t i = 0; i < count; ++i) dst[i] = T(lanes[i]);",
-     "for (int64_t i = 0; i < count; ++i) {\n"
-     "    uint32_t bits;\n"
-     "    __builtin_memcpy(&bits, &lanes[i], sizeof bits);\n"
-     "    bits &= 0xFFFF0000u;  // keeps the upper half: truncation\n"
-     "    float truncated;\n"
-     "    __builtin_memcpy(&truncated, &bits, sizeof bits);\n"
-     "    dst[i] = T(std::is_same<T, c10::BFloat16>::value ? truncated : lanes[i]);\n"
-     "  }",
+     "  return T(x);  // c10::BFloat16 / c10::Half round to nearest even",
+     "  uint32_t bits;\n"
+     "  __builtin_memcpy(&bits, &x, sizeof bits);\n"
+     "  bits &= 0xFFFF0000u;  // keeps the upper half: truncation\n"
+     "  float truncated;\n"
+     "  __builtin_memcpy(&truncated, &bits, sizeof bits);\n"
+     "  return T(std::is_same<T, c10::BFloat16>::value ? truncated : x);",
      "bfloat16 parameters are written back truncated (the float's upper 16 bits) instead of rounded to nearest"),
     ("l6_16bit_state_rounded", L6,
      "    store(m + i, exp_avg, n);\n",
