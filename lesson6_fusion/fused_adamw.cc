@@ -40,7 +40,8 @@ void adamw_kernel_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp
   // pieces of a fixed size (say 32768) and hand the pieces out with at::parallel_for(0, pieces, 1, ...); in
   // each piece go Vectorized<float>::size() lanes at a time: load p, g, m, v,
   // update them in torch::optim::AdamW's order (see unfused_adamw_step in fused_adamw.h), store p, m, v.
-  // The last vector of a piece may be partial (loadu(ptr, count), store(ptr, count)). For bfloat16 and float16
+  // The last vector of a piece may be partial (loadu(ptr, count), store(ptr, count)); use those only
+  // there, they copy a run-time number of bytes. For bfloat16 and float16
   // parameters convert the lanes to float and back (c10::BFloat16(float) rounds to nearest).
   TORCH_CHECK(false, "TODO(lesson6, step 2): adamw_kernel_cpu() is not implemented yet");
 }
