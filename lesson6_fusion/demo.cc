@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <utility>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -25,6 +26,12 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 
 struct Variant {
+  Variant(std::string name_, int64_t passes_, int64_t napkin_bytes_, std::function<void()> step_, bool is_copy_ = false)
+      : name(std::move(name_)),
+        passes(passes_),
+        napkin_bytes(napkin_bytes_),
+        step(std::move(step_)),
+        is_copy(is_copy_) {}
   std::string name;
   int64_t passes;
   int64_t napkin_bytes;         // bytes read + written by the napkin of step 1
@@ -88,21 +95,17 @@ int run(int argc, char** argv) {
   char* dst_bytes = static_cast<char*>(dst.data_ptr());
 
   std::vector<Variant> variants;
-  variants.push_back({"copy_ (ATen)", 1, 2 * copy_bytes, [&] { dst.copy_(src); }, {}, 0, true});
-  variants.push_back({"memcpy (parallel_for)",
-                      1,
-                      2 * copy_bytes,
+  variants.push_back({"copy_ (ATen)", 1, 2 * copy_bytes, [&] { dst.copy_(src); }, true});
+  variants.push_back({"memcpy (parallel_for)", 1, 2 * copy_bytes,
                       [&] {
                         at::parallel_for(0, copy_bytes, 1 << 20, [&](int64_t b, int64_t e) {
                           std::memcpy(dst_bytes + b, src_bytes + b, static_cast<size_t>(e - b));
                         });
                       },
-                      {},
-                      0,
                       true});
   // A copy's destination is read before it is written (write-allocate caches), which the napkin does not count;
   // the fused step writes only what it has just read. So a third ceiling: read and write the same bytes in place.
-  variants.push_back({"in place (mul_ by 1)", 1, 2 * copy_bytes, [&] { in_place.mul_(1.0); }, {}, 0, true});
+  variants.push_back({"in place (mul_ by 1)", 1, 2 * copy_bytes, [&] { in_place.mul_(1.0); }, true});
   variants.push_back({"fused op (float32)", fused.passes, fused.total(),
                       [&] { fusion::fused_adamw_(p_fused, grad, m_fused, v_fused, hyper, ++step_fused); }});
   variants.push_back({"fused op (bfloat16 param)", fused16.passes, fused16.total(),
