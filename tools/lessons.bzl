@@ -47,6 +47,14 @@ LESSONS = [
         need = "CPU (ranks on loopback); several GPUs for NCCL",
         tests = ["ddp_test"],
     ),
+    struct(
+        number = 6,
+        dir = "lesson6_fusion",
+        title = "Fused kernels",
+        learn = "napkin math of a memory-bound step, a fused AdamW with at::parallel_for and Vectorized, a TORCH_LIBRARY operator",
+        need = "CPU (a CUDA kernel is not written yet)",
+        tests = ["fused_adamw_test"],
+    ),
 ]
 
 def lesson_labels(suffix, prefix = ""):

@@ -21,7 +21,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-LESSONS = [1, 2, 3, 4, 5]
+LESSONS = [1, 2, 3, 4, 5, 6]
 
 
 def all_mutants():

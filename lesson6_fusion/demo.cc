@@ -1,0 +1,235 @@
+// Lesson 6 demo: one AdamW step over a 64 MiB float32 parameter (16M floats) three ways: the fused operator
+// workshop::fused_adamw_ (through the dispatcher), the same step one ATen op at a time, and torch::optim::AdamW;
+// beside them, a memory copy of the same bytes as the ceiling. Napkin bytes, GB/s and the fraction of the ceiling.
+//   bazel run //lesson6_fusion:demo -- --quick            (4 MiB per tensor, a few seconds)
+//   bazel run //lesson6_fusion:demo                        (64 MiB per tensor)
+//   bazel run //lesson6_fusion:demo -- --csv_dir=/tmp/l6   (also writes the table as CSV)
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <utility>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include "common/device.h"
+#include "common/memory_meter.h"
+#include "common/report.h"
+#include "lesson6_fusion/fused_adamw.h"
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct Variant {
+  Variant(std::string name_, int64_t passes_, int64_t napkin_bytes_, std::function<void()> step_, bool is_copy_ = false)
+      : name(std::move(name_)),
+        passes(passes_),
+        napkin_bytes(napkin_bytes_),
+        step(std::move(step_)),
+        is_copy(is_copy_) {}
+  std::string name;
+  int64_t passes;
+  int64_t napkin_bytes;         // bytes read + written by the napkin of step 1
+  std::function<void()> step;   // one step (or one copy)
+  std::vector<double> samples;  // milliseconds, over all rounds
+  int64_t allocated_bytes = 0;  // peak bytes one call allocates (counting CPU allocator)
+  bool is_copy = false;
+};
+
+int run(int argc, char** argv) {
+  const workshop::Flags flags(argc, argv,
+                              {{"device", "cpu (the only kernel so far; a CUDA kernel is not written yet)"},
+                               {"quick", "small, fast settings (1M floats per tensor)"},
+                               {"csv_dir", "write the table as CSV here and append the summary"},
+                               {"numel", "elements per tensor (default 16777216 = 64 MiB of float32; quick 1M)"},
+                               {"rounds", "rounds; each variant is timed in every round (default 3)"},
+                               {"repeats", "timed calls per variant and round (default 5)"},
+                               {"threads", "ATen intra-op threads (default: LibTorch's own choice)"},
+                               {"small", "elements per tensor in the many-parameters table (default 4096)"}});
+  const bool quick = flags.has("quick");
+  const c10::Device device = workshop::parse_device(flags.get("device", "cpu"));
+  TORCH_CHECK(device.is_cpu(), "lesson 6 demo: the fused operator has a CPU kernel only (CUDA: not written yet)");
+  const int64_t n = flags.get_int("numel", quick ? (int64_t{1} << 20) : (int64_t{1} << 24));
+  const int rounds = static_cast<int>(flags.get_int("rounds", 3));
+  const int repeats = static_cast<int>(flags.get_int("repeats", 5));
+  const std::string csv_dir = flags.get("csv_dir", "");
+  if (flags.has("threads")) at::set_num_threads(static_cast<int>(flags.get_int("threads", 1)));
+
+  std::cout << "Lesson 6 — fused kernels: one AdamW step\n"
+            << "device: " << workshop::device_name(device) << ", ATen threads: " << at::get_num_threads() << "\n"
+            << "parameter: " << n << " float32 elements (" << workshop::mib(4.0 * n) << " per tensor); " << rounds
+            << " rounds x " << repeats << " timed calls per variant (median of all), variants interleaved\n\n";
+
+  torch::manual_seed(0);
+  const torch::Tensor start = torch::randn({n});
+  const torch::Tensor grad = torch::randn({n});
+  fusion::AdamWHyper hyper;  // torch::optim::AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 1e-2
+
+  // Each variant owns its parameter and state, so that the step counters stay honest.
+  torch::Tensor p_fused = start.clone(), m_fused = torch::zeros({n}), v_fused = torch::zeros({n});
+  torch::Tensor p_plain = start.clone(), m_plain = torch::zeros({n}), v_plain = torch::zeros({n});
+  torch::Tensor p_bf16 = start.to(torch::kBFloat16), g_bf16 = grad.to(torch::kBFloat16);
+  torch::Tensor m_bf16 = torch::zeros({n}), v_bf16 = torch::zeros({n});
+  torch::Tensor p_torch = start.clone().requires_grad_(true);
+  p_torch.mutable_grad() = grad.clone();
+  torch::optim::AdamW optimizer({p_torch}, torch::optim::AdamWOptions(hyper.lr)
+                                               .betas({hyper.beta1, hyper.beta2})
+                                               .eps(hyper.eps)
+                                               .weight_decay(hyper.weight_decay));
+  int64_t step_fused = 0, step_plain = 0, step_bf16 = 0;
+
+  // The ceiling: copy as many bytes as the fused float32 step moves (read half, write half).
+  const fusion::Traffic fused = fusion::fused_adamw_traffic(n, torch::kFloat);
+  const fusion::Traffic fused16 = fusion::fused_adamw_traffic(n, torch::kBFloat16);
+  const fusion::Traffic unfused = fusion::unfused_adamw_traffic(n, torch::kFloat, hyper.weight_decay != 0);
+  const int64_t copy_bytes = fused.total() / 2;
+  const torch::Tensor src = torch::rand({copy_bytes / 4});
+  torch::Tensor dst = torch::empty({copy_bytes / 4});
+  torch::Tensor in_place = torch::rand({copy_bytes / 4});
+  const char* src_bytes = static_cast<const char*>(src.data_ptr());
+  char* dst_bytes = static_cast<char*>(dst.data_ptr());
+
+  std::vector<Variant> variants;
+  variants.push_back({"copy_ (ATen)", 1, 2 * copy_bytes, [&] { dst.copy_(src); }, true});
+  variants.push_back({"memcpy (parallel_for)", 1, 2 * copy_bytes,
+                      [&] {
+                        at::parallel_for(0, copy_bytes, 1 << 20, [&](int64_t b, int64_t e) {
+                          std::memcpy(dst_bytes + b, src_bytes + b, static_cast<size_t>(e - b));
+                        });
+                      },
+                      true});
+  // A copy's destination is read before it is written (write-allocate caches), which the napkin does not count;
+  // the fused step writes only what it has just read. So a third ceiling: read and write the same bytes in place.
+  variants.push_back({"in place (mul_ by 1)", 1, 2 * copy_bytes, [&] { in_place.mul_(1.0); }, true});
+  variants.push_back({"fused op (float32)", fused.passes, fused.total(),
+                      [&] { fusion::fused_adamw_(p_fused, grad, m_fused, v_fused, hyper, ++step_fused); }});
+  variants.push_back({"fused op (bfloat16 param)", fused16.passes, fused16.total(),
+                      [&] { fusion::fused_adamw_(p_bf16, g_bf16, m_bf16, v_bf16, hyper, ++step_bf16); }});
+  variants.push_back({"unfused ATen ops", unfused.passes, unfused.total(),
+                      [&] { fusion::unfused_adamw_step(p_plain, grad, m_plain, v_plain, hyper, ++step_plain); }});
+  variants.push_back({"torch::optim::AdamW", unfused.passes, unfused.total(), [&] { optimizer.step(); }});
+
+  // Warm up every variant once (first touch of the pages, the optimizer's state, the threads), measuring what one
+  // call allocates; then the timed rounds.
+  for (Variant& v : variants) {
+    v.step();
+    workshop::MemoryMeter meter(device);
+    v.step();
+    v.allocated_bytes = meter.peak_bytes();
+  }
+  for (int r = 0; r < rounds; ++r) {
+    for (Variant& v : variants) {
+      const workshop::Timing t = workshop::time_repeated(device, v.step, 0, repeats);
+      v.samples.insert(v.samples.end(), t.samples_ms.begin(), t.samples_ms.end());
+    }
+  }
+
+  auto gbps = [](int64_t bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; };
+  double ceiling = 0;  // the best copy's median rate (best of the three ways)
+  for (const Variant& v : variants) {
+    if (v.is_copy) ceiling = std::max(ceiling, gbps(v.napkin_bytes, workshop::median(v.samples)));
+  }
+  double torch_ms = 0, fused_ms = 0;
+  for (const Variant& v : variants) {
+    if (v.name == "torch::optim::AdamW") torch_ms = workshop::median(v.samples);
+    if (v.name == "fused op (float32)") fused_ms = workshop::median(v.samples);
+  }
+
+  workshop::Table table("lesson6_fusion", {"variant", "passes", "napkin MiB", "median ms", "min ms", "GB/s",
+                                           "of copy ceiling", "allocated MiB", "vs torch AdamW"});
+  for (const Variant& v : variants) {
+    const double ms = workshop::median(v.samples);
+    const double rate = gbps(v.napkin_bytes, ms);
+    const double fraction = 100.0 * rate / ceiling;
+    // A rate above the copy's means the napkin over-counts what reaches memory (caches): do not trust it. (The
+    // ceiling's own row is 100% up to rounding.)
+    const std::string of_ceiling =
+        fraction > 100.5 ? workshop::fixed(fraction, 0) + "% (suspect: > 100%)" : workshop::fixed(fraction, 0) + "%";
+    table.add({v.name, std::to_string(v.passes), workshop::fixed(v.napkin_bytes / kMiB, 0), workshop::fixed(ms, 2),
+               workshop::fixed(*std::min_element(v.samples.begin(), v.samples.end()), 2), workshop::fixed(rate, 2),
+               of_ceiling, workshop::fixed(v.allocated_bytes / kMiB, 1),
+               v.is_copy ? "-" : workshop::fixed(torch_ms / ms, 2) + "x"});
+  }
+  table.emit(csv_dir);
+  std::cout << "napkin MiB: bytes read + written if every op streams its operands from memory once (step 1); GB/s "
+               "= napkin bytes / median time.\n"
+            << "copy ceiling: the fastest of the three copies' median rates, " << workshop::fixed(ceiling, 2)
+            << " GB/s, copying " << workshop::mib(static_cast<double>(copy_bytes))
+            << " (the fused step's bytes: half read, half written).\n"
+            << "allocated: peak bytes one call allocates (counting CPU allocator): the unfused step's two "
+               "temporaries.\n";
+
+  // The same number of elements as many small parameters, as a model has them: one multi-tensor call against one
+  // call per tensor and against torch::optim::AdamW over the list.
+  const int64_t small = flags.get_int("small", 4096);
+  const int64_t count = std::max<int64_t>(1, n / small);
+  std::vector<torch::Tensor> grads_many, ps_multi, ms_multi, vs_multi, ps_loop, ms_loop, vs_loop, ps_torch;
+  for (int64_t i = 0; i < count; ++i) {
+    const torch::Tensor p0 = torch::randn({small});
+    grads_many.push_back(torch::randn({small}));
+    ps_multi.push_back(p0.clone());
+    ps_loop.push_back(p0.clone());
+    ps_torch.push_back(p0.clone().requires_grad_(true));
+    ps_torch.back().mutable_grad() = grads_many.back().clone();
+    for (auto* state : {&ms_multi, &vs_multi, &ms_loop, &vs_loop}) state->push_back(torch::zeros({small}));
+  }
+  torch::optim::AdamW optimizer_many(ps_torch, torch::optim::AdamWOptions(hyper.lr)
+                                                   .betas({hyper.beta1, hyper.beta2})
+                                                   .eps(hyper.eps)
+                                                   .weight_decay(hyper.weight_decay));
+  int64_t step_multi = 0, step_loop = 0;
+  const int64_t many_bytes = fusion::fused_adamw_traffic(count * small, torch::kFloat).total();
+  std::vector<Variant> many;
+  many.push_back({"fused_adamw_multi_ (one call)", 1, many_bytes,
+                  [&] { fusion::fused_adamw_multi_(ps_multi, grads_many, ms_multi, vs_multi, hyper, ++step_multi); }});
+  many.push_back({"fused_adamw_ (one call per tensor)", count, many_bytes, [&] {
+                    ++step_loop;
+                    for (int64_t i = 0; i < count; ++i) {
+                      fusion::fused_adamw_(ps_loop[i], grads_many[i], ms_loop[i], vs_loop[i], hyper, step_loop);
+                    }
+                  }});
+  many.push_back({"torch::optim::AdamW", count * unfused.passes,
+                  fusion::unfused_adamw_traffic(count * small, torch::kFloat, true).total(),
+                  [&] { optimizer_many.step(); }});
+  for (Variant& v : many) v.step();
+  for (int r = 0; r < rounds; ++r) {
+    for (Variant& v : many) {
+      const workshop::Timing t = workshop::time_repeated(device, v.step, 0, repeats);
+      v.samples.insert(v.samples.end(), t.samples_ms.begin(), t.samples_ms.end());
+    }
+  }
+  const double many_torch_ms = workshop::median(many.back().samples);
+  std::cout << "\nMany parameters: " << count << " tensors of " << small << " float32 elements ("
+            << workshop::mib(4.0 * count * small) << " per list)\n";
+  workshop::Table many_table("lesson6_many", {"variant", "calls per step", "median ms", "min ms", "GB/s (fused napkin)",
+                                              "vs torch AdamW"});
+  for (const Variant& v : many) {
+    const double ms = workshop::median(v.samples);
+    many_table.add({v.name, std::to_string(v.passes), workshop::fixed(ms, 2),
+                    workshop::fixed(*std::min_element(v.samples.begin(), v.samples.end()), 2),
+                    workshop::fixed(gbps(many_bytes, ms), 2), workshop::fixed(many_torch_ms / ms, 2) + "x"});
+  }
+  many_table.emit(csv_dir);
+  std::cout << "calls per step: operator calls (torch::optim::AdamW: tensor ops). GB/s: the fused step's napkin bytes "
+               "/ median time, for every row.\n";
+
+  workshop::append_summary(csv_dir, {{"6 fused kernels", "AdamW step (ms), torch::optim::AdamW vs fused op", torch_ms,
+                                      fused_ms, workshop::device_name(device)}});
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const c10::Error& error) {
+    std::cerr << "error: " << error.what_without_backtrace() << "\n";
+    return 1;
+  }
+}

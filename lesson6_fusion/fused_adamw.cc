@@ -1,0 +1,113 @@
+// Lesson 6 — your code. Replace each TODO with an implementation; the checks in fused_adamw_test.cc tell you
+// when it is right:  bazel test //lesson6_fusion:all
+// Steps, hints and background: lesson6_fusion/README.md.
+#include "lesson6_fusion/fused_adamw.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <ATen/Parallel.h>      // at::parallel_for
+#include <ATen/core/Tensor.h>   // at::Tensor: data_ptr<T>(), numel(), sizes(), ...
+#include <ATen/cpu/vec/vec.h>   // at::vec::Vectorized<float>
+#include <c10/util/BFloat16.h>  // c10::BFloat16, c10::Half: convert to float and back (rounds to nearest)
+#include <c10/util/Half.h>
+#include <torch/library.h>  // TORCH_LIBRARY, TORCH_LIBRARY_IMPL, TORCH_FN
+
+namespace fusion {
+
+// [unfused_traffic]
+Traffic unfused_adamw_traffic(int64_t numel, c10::ScalarType dtype, bool weight_decay) {
+  // TODO(lesson6, step 1): Count, for each tensor op of torch::optim::AdamW's step (the list in
+  // fused_adamw.h, above unfused_adamw_step), the tensors it reads and writes, and the new tensors it makes.
+  // One tensor = numel * c10::elementSize(dtype) bytes. Reject a negative numel and a non-floating dtype.
+  TORCH_CHECK(false, "TODO(lesson6, step 1): unfused_adamw_traffic() is not implemented yet");
+}
+// [unfused_traffic]
+
+// [fused_traffic]
+Traffic fused_adamw_traffic(int64_t numel, c10::ScalarType param_dtype) {
+  // TODO(lesson6, step 1): One pass: read param, grad (param_dtype) and exp_avg, exp_avg_sq (float32), write
+  // param, exp_avg and exp_avg_sq. Same input checks as above.
+  TORCH_CHECK(false, "TODO(lesson6, step 1): fused_adamw_traffic() is not implemented yet");
+}
+// [fused_traffic]
+
+// [kernel]
+void adamw_kernel_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                      const AdamWHyper& hyper, int64_t step) {
+  // TODO(lesson6, step 2): Compute the scalars once in double (bias corrections 1 - beta^step, the step size
+  // lr / bias_correction1, the decay 1 - lr * weight_decay), then cast them to float. Cut the elements into
+  // pieces of a fixed size (say 32768) and hand the pieces out with at::parallel_for(0, pieces, 1, ...); in
+  // each piece go Vectorized<float>::size() lanes at a time: load p, g, m, v,
+  // update them in torch::optim::AdamW's order (see unfused_adamw_step in fused_adamw.h), store p, m, v.
+  // The last vector of a piece may be partial (loadu(ptr, count), store(ptr, count)); use those only
+  // there, they copy a run-time number of bytes. For bfloat16 and float16
+  // parameters convert the lanes to float and back (c10::BFloat16(float) rounds to nearest).
+  TORCH_CHECK(false, "TODO(lesson6, step 2): adamw_kernel_cpu() is not implemented yet");
+}
+// [kernel]
+
+// [check_args]
+void check_adamw_args(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                      const at::Tensor& exp_avg_sq, const AdamWHyper& hyper, int64_t step) {
+  // TODO(lesson6, step 3): One TORCH_CHECK per rule listed in fused_adamw.h, each with its message, in that
+  // order. Overlap: two non-empty contiguous tensors share memory when their byte ranges
+  // [data_ptr(), data_ptr() + nbytes()) intersect.
+  TORCH_CHECK(false, "TODO(lesson6, step 3): check_adamw_args() is not implemented yet");
+}
+// [check_args]
+
+void fused_adamw_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
+                     double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
+  check_adamw_args(param, grad, exp_avg, exp_avg_sq, hyper, step);
+  adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, step);
+}
+
+}  // namespace fusion
+
+// [register]
+// TODO(lesson6, step 3): Define the operator's schema (fusion::kOpSchema) with TORCH_LIBRARY(workshop, m) and
+// register fusion::fused_adamw_cpu as its CPU kernel with TORCH_LIBRARY_IMPL(workshop, CPU, m).
+// [register]
+
+namespace fusion {
+
+// [multi_kernel]
+void adamw_multi_kernel_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
+                            const AdamWHyper& hyper, int64_t step) {
+  // TODO(lesson6, step 4): Lay the tensors end to end: offsets[i] = elements of tensors 0..i-1. Run ONE
+  // parallel region over all of them, in pieces of a fixed size (as in step 2); a piece [begin, end) finds its
+  // first tensor with std::upper_bound on the offsets and updates the part of each tensor it covers, with
+  // step 2's loop for that tensor's dtype.
+  TORCH_CHECK(false, "TODO(lesson6, step 4): adamw_multi_kernel_cpu() is not implemented yet");
+}
+// [multi_kernel]
+
+// [multi_check_args]
+void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
+                            const AdamWHyper& hyper, int64_t step) {
+  // TODO(lesson6, step 4): The rules of fused_adamw.h: one length; check_adamw_args() for each tuple, its error
+  // prefixed with "tensor <i>: "; then no overlap between tensors of different tuples (sort the byte ranges by
+  // start address: two overlap somewhere only if two neighbours in that order do).
+  TORCH_CHECK(false, "TODO(lesson6, step 4): check_adamw_multi_args() is not implemented yet");
+}
+// [multi_check_args]
+
+void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                           c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
+                           double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
+  check_adamw_multi_args(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
+  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
+}
+
+}  // namespace fusion
+
+// [register_multi]
+// TODO(lesson6, step 4): Add fusion::kMultiOpSchema to the namespace with TORCH_LIBRARY_FRAGMENT(workshop, m)
+// (a namespace has one TORCH_LIBRARY, and any number of fragments) and register fusion::fused_adamw_multi_cpu
+// as its CPU kernel.
+// [register_multi]

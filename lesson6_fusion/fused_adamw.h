@@ -1,0 +1,142 @@
+// Lesson 6 — fused kernels. One AdamW step for one parameter tensor in a single pass over memory, registered as
+// a real LibTorch operator, `workshop::fused_adamw_`, that the dispatcher finds by name.
+//
+// torch::optim::AdamW updates a parameter with eight or nine separate tensor operations, each reading its
+// inputs from memory and writing its result back. The step is memory-bound, so the bytes moved are the cost; a
+// fused kernel reads each of param, grad, exp_avg and exp_avg_sq once and writes three of them once.
+// See lesson6_fusion/README.md.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
+
+namespace at {
+class Tensor;
+}  // namespace at
+
+namespace fusion {
+
+/// AdamW's hyper-parameters, with torch::optim::AdamWOptions' defaults (amsgrad is not supported).
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+/// The memory traffic of one AdamW step over one parameter tensor, by the napkin: every operation reads each of
+/// its tensor operands once from memory and writes its result once (no cache reuse between operations).
+struct Traffic {
+  int64_t bytes_read = 0;
+  int64_t bytes_written = 0;
+  int64_t temporary_bytes = 0;  ///< bytes of the intermediate tensors the step allocates (and frees)
+  int64_t passes = 0;           ///< tensor operations, i.e. passes over memory
+  int64_t total() const { return bytes_read + bytes_written; }
+};
+
+/// Step 1. The traffic of torch::optim::AdamW's step (LibTorch's adamw.cpp, one tensor op at a time) over a
+/// parameter of `numel` elements of `dtype`, whose state (exp_avg, exp_avg_sq) has the same dtype, as
+/// torch::optim::AdamW keeps it. With `weight_decay` the step starts with one more pass (p.mul_(1 - lr * wd)).
+/// Throws c10::Error "adamw_traffic: numel must be >= 0" or "adamw_traffic: dtype must be floating point".
+Traffic unfused_adamw_traffic(int64_t numel, c10::ScalarType dtype, bool weight_decay);
+
+/// Step 1. The traffic of one fused pass: read param, grad, exp_avg and exp_avg_sq once, write param, exp_avg
+/// and exp_avg_sq once; no temporaries, one pass. The parameter and gradient have `param_dtype`, the state is
+/// float32 (7 x numel x 4 bytes for a float32 parameter).
+/// The same errors as unfused_adamw_traffic().
+Traffic fused_adamw_traffic(int64_t numel, c10::ScalarType param_dtype);
+
+/// Step 2. The fused CPU kernel: one AdamW step, exactly as torch::optim::AdamW computes it, in one pass with
+/// at::parallel_for and at::vec::Vectorized<float>. `step` is the step number after this update (1 for the
+/// first), for the bias corrections. Decoupled weight decay: p *= 1 - lr * weight_decay, then the Adam update.
+/// param and grad: float32, bfloat16 or float16 (the same dtype); exp_avg and exp_avg_sq: float32. 16-bit
+/// parameters are computed in float32 and written back rounded to nearest.
+/// Assumes inputs that check_adamw_args() accepts (it checks nothing itself).
+void adamw_kernel_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                      const AdamWHyper& hyper, int64_t step);
+
+/// Step 3. Rejects every input the kernel cannot handle, with a c10::Error whose message starts
+/// "fused_adamw_: " and names the problem:
+///   "param is undefined", "grad is undefined", "exp_avg is undefined", "exp_avg_sq is undefined"
+///   "param, grad, exp_avg and exp_avg_sq must have the same shape"
+///   "param must be float32, bfloat16 or float16"
+///   "grad must have param's dtype"
+///   "exp_avg and exp_avg_sq must be float32"
+///   "all tensors must be on one device"
+///   "param is not contiguous", "grad is not contiguous", "exp_avg is not contiguous",
+///   "exp_avg_sq is not contiguous"
+///   "param and grad overlap in memory", "param and exp_avg overlap in memory",
+///   "param and exp_avg_sq overlap in memory", "grad and exp_avg overlap in memory",
+///   "grad and exp_avg_sq overlap in memory", "exp_avg and exp_avg_sq overlap in memory"
+///   (the first of the six pairs, in this order, that shares bytes)
+///   "step must be >= 1"
+///   "lr must be >= 0", "eps must be >= 0", "weight_decay must be >= 0"
+///   "beta1 must be in [0, 1)", "beta2 must be in [0, 1)"
+/// (each with the value it got). Empty tensors are accepted.
+void check_adamw_args(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                      const at::Tensor& exp_avg_sq, const AdamWHyper& hyper, int64_t step);
+
+/// Step 3. The CPU kernel of the operator workshop::fused_adamw_: check_adamw_args(), then adamw_kernel_cpu().
+/// Registered with TORCH_LIBRARY / TORCH_LIBRARY_IMPL in the lesson's .cc.
+void fused_adamw_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
+                     double beta1, double beta2, double eps, double weight_decay, int64_t step);
+
+/// Step 4. The multi-tensor kernel: one AdamW step for every tuple (params[i], grads[i], exp_avgs[i],
+/// exp_avg_sqs[i]) in ONE at::parallel_for over all their elements together, instead of one parallel region per
+/// tensor. Each tuple may have its own dtype (float32, bfloat16, float16 parameters; float32 state). The result
+/// for each tensor is bit for bit what adamw_kernel_cpu gives it. Assumes check_adamw_multi_args() accepted it.
+void adamw_multi_kernel_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
+                            const AdamWHyper& hyper, int64_t step);
+
+/// Step 4. The checks of the multi-tensor operator, each a c10::Error whose message starts
+/// "fused_adamw_multi_: ":
+///   "the lists must have one length"                  (with the four lengths)
+///   "tensor 2: fused_adamw_: grad is not contiguous"  (check_adamw_args() of each tuple, with its index)
+///   "params[1] and params[0] overlap in memory"       (any two tensors of different tuples that share bytes)
+/// Empty lists and empty tensors are accepted.
+void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
+                            const AdamWHyper& hyper, int64_t step);
+
+/// Step 4. The CPU kernel of workshop::fused_adamw_multi_: check_adamw_multi_args(), then adamw_multi_kernel_cpu().
+void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                           c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
+                           double beta1, double beta2, double eps, double weight_decay, int64_t step);
+
+/// The operators' names and schemas (what TORCH_LIBRARY and, in step 4, TORCH_LIBRARY_FRAGMENT must define).
+constexpr const char* kOpName = "workshop::fused_adamw_";
+constexpr const char* kOpSchema =
+    "fused_adamw_(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, float lr, "
+    "float beta1, float beta2, float eps, float weight_decay, int step) -> ()";
+constexpr const char* kMultiOpName = "workshop::fused_adamw_multi_";
+constexpr const char* kMultiOpSchema =
+    "fused_adamw_multi_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+    "float lr, float beta1, float beta2, float eps, float weight_decay, int step) -> ()";
+
+// ---- given (lesson6_fusion/given.cc) ---------------------------------------------------------------------
+
+/// Calls workshop::fused_adamw_ through the dispatcher, found by name (c10::Dispatcher::findSchemaOrThrow), as
+/// any LibTorch user would. Throws c10::Error when the operator is not registered.
+void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                  const AdamWHyper& hyper, int64_t step);
+
+/// Calls workshop::fused_adamw_multi_ through the dispatcher, found by name.
+void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                        const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                        const AdamWHyper& hyper, int64_t step);
+
+/// The unfused step, one ATen op at a time, in torch::optim::AdamW's order (the baseline the lesson fuses):
+///   p.mul_(1 - lr * wd)                       (only when wd != 0)
+///   m.mul_(beta1).add_(g, 1 - beta1)
+///   v.mul_(beta2).addcmul_(g, g, 1 - beta2)
+///   denom = (v.sqrt() / sqrt(1 - beta2^step)).add_(eps)
+///   p.addcdiv_(m, denom, -lr / (1 - beta1^step))
+void unfused_adamw_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                        const AdamWHyper& hyper, int64_t step);
+
+}  // namespace fusion

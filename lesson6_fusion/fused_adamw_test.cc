@@ -1,0 +1,535 @@
+// Checks for lesson 6: the napkin math (step 1), the fused kernel (step 2) and the operator (step 3).
+// Run: bazel test //lesson6_fusion:all   (one step: --test_arg=--test-case='*step2*')
+// The oracle is LibTorch's own torch::optim::AdamW, and the one-op-at-a-time step of given.cc that follows it.
+#include "tests/torch_doctest.h"
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/torch.h>
+
+#include "lesson6_fusion/fused_adamw.h"
+#include "common/memory_meter.h"
+#include "tests/check_helpers.h"
+
+using doctest::Contains;
+
+namespace {
+
+using workshop::test::rel_error;
+
+// The state of one parameter under AdamW: the parameter, its two moments and the step counter.
+struct State {
+  torch::Tensor param, exp_avg, exp_avg_sq;
+  int64_t step = 0;
+};
+
+State make_state(torch::Tensor param) {
+  State s;
+  s.param = param;
+  s.exp_avg = torch::zeros(param.sizes(), torch::kFloat);
+  s.exp_avg_sq = torch::zeros(param.sizes(), torch::kFloat);
+  return s;
+}
+
+// A fixed sequence of gradients for `numel` parameters, `scale` times a standard normal.
+std::vector<torch::Tensor> gradients(int64_t numel, int steps, double scale, uint64_t seed = 11) {
+  torch::manual_seed(seed);
+  std::vector<torch::Tensor> out;
+  for (int i = 0; i < steps; ++i) out.push_back(torch::randn({numel}) * scale);
+  return out;
+}
+
+torch::optim::AdamWOptions options_of(const fusion::AdamWHyper& h) {
+  return torch::optim::AdamWOptions(h.lr).betas({h.beta1, h.beta2}).eps(h.eps).weight_decay(h.weight_decay);
+}
+
+// The largest rel_error of the fused parameter against torch::optim::AdamW's over `grads`, one step each.
+double worst_vs_torch(const fusion::AdamWHyper& hyper, const std::vector<torch::Tensor>& grads, int64_t numel) {
+  torch::manual_seed(3);
+  const torch::Tensor start = torch::randn({numel});
+  torch::Tensor reference = start.clone().requires_grad_(true);
+  torch::optim::AdamW optimizer({reference}, options_of(hyper));
+  State fused = make_state(start.clone());
+  double worst = 0;
+  for (const torch::Tensor& grad : grads) {
+    reference.mutable_grad() = grad.clone();
+    optimizer.step();
+    fusion::adamw_kernel_cpu(fused.param, grad, fused.exp_avg, fused.exp_avg_sq, hyper, ++fused.step);
+    worst = std::max(worst, rel_error({fused.param}, {reference.detach()}));
+  }
+  return worst;
+}
+
+// Steps `fused` with the kernel and `plain` with the given unfused step on the same gradients; the worst rel_error of
+// the parameter and of each moment.
+struct Worst {
+  double param = 0, exp_avg = 0, exp_avg_sq = 0;
+};
+Worst run_side_by_side(State& fused, State& plain, const fusion::AdamWHyper& hyper,
+                       const std::vector<torch::Tensor>& grads, bool through_dispatcher) {
+  Worst worst;
+  for (const torch::Tensor& grad : grads) {
+    ++fused.step;
+    if (through_dispatcher) {
+      fusion::fused_adamw_(fused.param, grad, fused.exp_avg, fused.exp_avg_sq, hyper, fused.step);
+    } else {
+      fusion::adamw_kernel_cpu(fused.param, grad, fused.exp_avg, fused.exp_avg_sq, hyper, fused.step);
+    }
+    fusion::unfused_adamw_step(plain.param, grad, plain.exp_avg, plain.exp_avg_sq, hyper, ++plain.step);
+    worst.param = std::max(worst.param, rel_error({fused.param}, {plain.param}));
+    worst.exp_avg = std::max(worst.exp_avg, rel_error({fused.exp_avg}, {plain.exp_avg}));
+    worst.exp_avg_sq = std::max(worst.exp_avg_sq, rel_error({fused.exp_avg_sq}, {plain.exp_avg_sq}));
+  }
+  return worst;
+}
+
+fusion::AdamWHyper hyper_with(double lr, double weight_decay, double eps = 1e-8) {
+  fusion::AdamWHyper h;
+  h.lr = lr;
+  h.weight_decay = weight_decay;
+  h.eps = eps;
+  return h;
+}
+
+constexpr double kFloatTolerance = 1e-6;  // float32: the same ops in the same order, so rounding only
+
+}  // namespace
+
+// ---- step 1: napkin math -------------------------------------------------------------------------------
+
+TEST_CASE("[step1] one fused pass reads 4 tensors and writes 3: 7 x numel x 4 bytes in float32") {
+  const fusion::Traffic f32 = fusion::fused_adamw_traffic(1000, torch::kFloat);
+  CHECK(f32.bytes_read == 4 * 1000 * 4);
+  CHECK(f32.bytes_written == 3 * 1000 * 4);
+  CHECK(f32.total() == 7 * 1000 * 4);
+  CHECK(f32.temporary_bytes == 0);
+  CHECK(f32.passes == 1);
+  // 16-bit parameter and gradient, float32 state: 2 + 2 + 4 + 4 bytes read, 2 + 4 + 4 written per element.
+  const fusion::Traffic bf16 = fusion::fused_adamw_traffic(1000, torch::kBFloat16);
+  CHECK(bf16.bytes_read == 12 * 1000);
+  CHECK(bf16.bytes_written == 10 * 1000);
+  CHECK(fusion::fused_adamw_traffic(0, torch::kFloat).total() == 0);
+}
+
+TEST_CASE("[step1] torch::optim::AdamW's step reads 14 and writes 9 tensors in 9 passes, 8 without weight decay") {
+  const int64_t n = 1000, t = n * 4;  // one float32 tensor
+  const fusion::Traffic decayed = fusion::unfused_adamw_traffic(n, torch::kFloat, true);
+  CHECK(decayed.bytes_read == 14 * t);
+  CHECK(decayed.bytes_written == 9 * t);
+  CHECK(decayed.passes == 9);
+  CHECK(decayed.temporary_bytes == 2 * t);
+  const fusion::Traffic plain = fusion::unfused_adamw_traffic(n, torch::kFloat, false);
+  CHECK(plain.bytes_read == 13 * t);
+  CHECK(plain.bytes_written == 8 * t);
+  CHECK(plain.passes == 8);
+  CHECK(plain.temporary_bytes == 2 * t);
+  // The state has the parameter's dtype in torch::optim::AdamW: a bfloat16 parameter halves every figure.
+  CHECK(fusion::unfused_adamw_traffic(n, torch::kBFloat16, true).total() == 23 * n * 2);
+  // The point of the lesson: 23 tensor passes' worth of bytes against 7.
+  CHECK(static_cast<double>(decayed.total()) / fusion::fused_adamw_traffic(n, torch::kFloat).total() ==
+        doctest::Approx(23.0 / 7.0));
+}
+
+TEST_CASE("[step1] the temporaries the napkin counts are what the counting allocator sees in an AdamW step") {
+  const int64_t n = 1 << 16;
+  const fusion::Traffic napkin = fusion::unfused_adamw_traffic(n, torch::kFloat, true);
+  torch::manual_seed(5);
+  torch::Tensor param = torch::randn({n}).requires_grad_(true);
+  param.mutable_grad() = torch::randn({n});
+  torch::optim::AdamW optimizer({param}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  optimizer.step();  // the first step also makes the state (two tensors): not a temporary
+  workshop::MemoryMeter meter;
+  optimizer.step();
+  const int64_t torch_peak = meter.peak_bytes();
+  CAPTURE(torch_peak);
+  CAPTURE(napkin.temporary_bytes);
+  // Both temporaries (sqrt's result and the quotient) are alive at once; a scalar or two may add a few bytes.
+  CHECK(torch_peak >= napkin.temporary_bytes);
+  CHECK(torch_peak <= napkin.temporary_bytes + 1024);
+  State s = make_state(torch::randn({n}));
+  const torch::Tensor grad = torch::randn({n});
+  meter.reset();
+  fusion::unfused_adamw_step(s.param, grad, s.exp_avg, s.exp_avg_sq, fusion::AdamWHyper{}, 1);
+  CHECK(meter.peak_bytes() >= napkin.temporary_bytes);
+  CHECK(meter.peak_bytes() <= napkin.temporary_bytes + 1024);
+}
+
+TEST_CASE("[step1] the napkin refuses a negative size and a non-floating dtype") {
+  CHECK_THROWS_WITH_AS(fusion::unfused_adamw_traffic(-1, torch::kFloat, true), Contains("numel must be >= 0"),
+                       c10::Error);
+  CHECK_THROWS_WITH_AS(fusion::fused_adamw_traffic(-5, torch::kFloat), Contains("numel must be >= 0"), c10::Error);
+  CHECK_THROWS_WITH_AS(fusion::unfused_adamw_traffic(4, torch::kLong, false), Contains("dtype must be floating point"),
+                       c10::Error);
+  CHECK_THROWS_WITH_AS(fusion::fused_adamw_traffic(4, torch::kInt), Contains("dtype must be floating point"),
+                       c10::Error);
+}
+
+// ---- step 2: the fused kernel --------------------------------------------------------------------------
+
+TEST_CASE("[step2] float32: the fused kernel follows torch::optim::AdamW for 100 steps") {
+  const int64_t n = 10007;  // not a multiple of the vector width
+  SUBCASE("no weight decay") {
+    const double worst = worst_vs_torch(hyper_with(1e-2, 0.0), gradients(n, 100, 1.0), n);
+    CAPTURE(worst);
+    CHECK(worst <= kFloatTolerance);
+  }
+  SUBCASE("weight decay 0.1") {
+    const double worst = worst_vs_torch(hyper_with(1e-2, 0.1), gradients(n, 100, 1.0), n);
+    CAPTURE(worst);
+    CHECK(worst <= kFloatTolerance);
+  }
+  SUBCASE("small gradients and a large eps (eps matters, outside the square root)") {
+    const double worst = worst_vs_torch(hyper_with(1e-2, 0.05, 1e-3), gradients(n, 100, 1e-3), n);
+    CAPTURE(worst);
+    CHECK(worst <= kFloatTolerance);
+  }
+  SUBCASE("other betas") {
+    fusion::AdamWHyper h = hyper_with(3e-3, 0.02);
+    h.beta1 = 0.5;
+    h.beta2 = 0.9;
+    const double worst = worst_vs_torch(h, gradients(n, 100, 1.0), n);
+    CAPTURE(worst);
+    CHECK(worst <= kFloatTolerance);
+  }
+}
+
+TEST_CASE("[step2] float32: both moments are written back and match the one-op-at-a-time step") {
+  const int64_t n = 4099;
+  torch::manual_seed(2);
+  const torch::Tensor start = torch::randn({n});
+  State fused = make_state(start.clone()), plain = make_state(start.clone());
+  const Worst worst = run_side_by_side(fused, plain, hyper_with(1e-2, 0.1), gradients(n, 50, 0.5), false);
+  CAPTURE(worst.param);
+  CAPTURE(worst.exp_avg);
+  CAPTURE(worst.exp_avg_sq);
+  CHECK(worst.param <= kFloatTolerance);
+  CHECK(worst.exp_avg <= kFloatTolerance);
+  CHECK(worst.exp_avg_sq <= kFloatTolerance);
+}
+
+TEST_CASE("[step2] with a zero gradient only the weight decay moves the parameters") {
+  const int64_t n = 1000;
+  torch::manual_seed(4);
+  const torch::Tensor start = torch::randn({n});
+  const torch::Tensor zero = torch::zeros({n});
+  SUBCASE("weight decay 0: nothing changes") {
+    State s = make_state(start.clone());
+    for (int i = 1; i <= 5; ++i)
+      fusion::adamw_kernel_cpu(s.param, zero, s.exp_avg, s.exp_avg_sq, hyper_with(0.1, 0), i);
+    CHECK(torch::equal(s.param, start));
+    CHECK(s.exp_avg.abs().max().item<float>() == 0.0f);
+    CHECK(s.exp_avg_sq.abs().max().item<float>() == 0.0f);
+  }
+  SUBCASE("weight decay 0.5, lr 0.1: p shrinks by 0.95 per step") {
+    State s = make_state(start.clone());
+    for (int i = 1; i <= 5; ++i)
+      fusion::adamw_kernel_cpu(s.param, zero, s.exp_avg, s.exp_avg_sq, hyper_with(0.1, 0.5), i);
+    const double worst = rel_error({s.param}, {start * std::pow(0.95, 5)});
+    CAPTURE(worst);
+    CHECK(worst <= kFloatTolerance);
+  }
+}
+
+TEST_CASE("[step2] every element is updated, also in the last partial vector and across pieces of work") {
+  for (int64_t n : {1, 3, 7, 9, 33, 100003}) {
+    CAPTURE(n);
+    torch::manual_seed(6);
+    const torch::Tensor start = torch::randn({n});
+    State fused = make_state(start.clone()), plain = make_state(start.clone());
+    std::vector<torch::Tensor> grads = gradients(n, 3, 1.0);
+    for (torch::Tensor& g : grads) g = g.abs() + 0.1;  // one sign: the three updates cannot cancel out
+    const Worst worst = run_side_by_side(fused, plain, hyper_with(1e-2, 0.01), grads, false);
+    CHECK(worst.param <= kFloatTolerance);
+    CHECK(worst.exp_avg <= kFloatTolerance);
+    CHECK(worst.exp_avg_sq <= kFloatTolerance);
+    // Each element moved.
+    CHECK(fused.param.ne(start).all().item<bool>());
+  }
+}
+
+TEST_CASE("[step2] 16-bit parameters with float32 state: each step is the float32 step, rounded to nearest") {
+  const int64_t n = 20011;
+  for (const auto& [dtype, half_ulp] : {std::pair<torch::ScalarType, double>{torch::kBFloat16, std::ldexp(1.0, -8)},
+                                        std::pair<torch::ScalarType, double>{torch::kHalf, std::ldexp(1.0, -11)}}) {
+    CAPTURE(dtype_name(dtype));
+    torch::manual_seed(8);
+    State s = make_state(torch::randn({n}).to(dtype));
+    const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+    const std::vector<torch::Tensor> grads = gradients(n, 20, 1.0);
+    double worst_state = 0, worst_rounding = 0, exact_fraction = 1;
+    for (const torch::Tensor& grad32 : grads) {
+      const torch::Tensor grad = grad32.to(dtype);
+      // The float32 master reference: this step from the same (rounded) parameter, state and gradient.
+      State master = make_state(s.param.to(torch::kFloat));
+      master.exp_avg = s.exp_avg.clone();
+      master.exp_avg_sq = s.exp_avg_sq.clone();
+      master.step = s.step;
+      fusion::unfused_adamw_step(master.param, grad.to(torch::kFloat), master.exp_avg, master.exp_avg_sq, hyper,
+                                 ++master.step);
+      fusion::adamw_kernel_cpu(s.param, grad, s.exp_avg, s.exp_avg_sq, hyper, ++s.step);
+      REQUIRE(dtype_name(s.param.scalar_type()) == dtype_name(dtype));
+      REQUIRE(dtype_name(s.exp_avg.scalar_type()) == "Float");
+      worst_state = std::max(
+          {worst_state, rel_error({s.exp_avg}, {master.exp_avg}), rel_error({s.exp_avg_sq}, {master.exp_avg_sq})});
+      // Rounding to nearest is off by at most half a unit in the last place: |x| * 2^-8 (bfloat16), 2^-11 (half),
+      // and half of float16's smallest subnormal step near zero.
+      const torch::Tensor error = (s.param.to(torch::kFloat) - master.param).abs();
+      const torch::Tensor allowed = master.param.abs() * half_ulp * (1 + 1e-3) + std::ldexp(1.0, -25);
+      worst_rounding = std::max(worst_rounding, (error / allowed).max().item<double>());
+      exact_fraction =
+          std::min(exact_fraction, s.param.eq(master.param.to(dtype)).to(torch::kDouble).mean().item<double>());
+    }
+    CAPTURE(worst_state);
+    CAPTURE(worst_rounding);
+    CAPTURE(exact_fraction);
+    CHECK(worst_state <= kFloatTolerance);
+    CHECK(worst_rounding <= 1.0);
+    CHECK(exact_fraction >= 0.999);
+  }
+}
+
+TEST_CASE("[step2] the fused kernel allocates nothing: no temporaries, unlike the unfused step") {
+  const int64_t n = 1 << 16;
+  State s = make_state(torch::randn({n}));
+  const torch::Tensor grad = torch::randn({n});
+  fusion::adamw_kernel_cpu(s.param, grad, s.exp_avg, s.exp_avg_sq, fusion::AdamWHyper{}, 1);  // warm up threads
+  workshop::MemoryMeter meter;
+  fusion::adamw_kernel_cpu(s.param, grad, s.exp_avg, s.exp_avg_sq, fusion::AdamWHyper{}, 2);
+  CHECK(meter.peak_bytes() == 0);
+}
+
+// ---- step 3: the operator ------------------------------------------------------------------------------
+
+TEST_CASE("[step3] the dispatcher finds workshop::fused_adamw_ by name, with its schema and a CPU kernel") {
+  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(fusion::kOpName, "");
+  std::ostringstream schema;
+  schema << op.schema();
+  CAPTURE(schema.str());
+  CHECK(schema.str().find("workshop::fused_adamw_(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg") == 0);
+  CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU));
+}
+
+TEST_CASE("[step3] called through the dispatcher the operator gives the kernel's results") {
+  const int64_t n = 5003;
+  torch::manual_seed(9);
+  const torch::Tensor start = torch::randn({n});
+  State fused = make_state(start.clone()), plain = make_state(start.clone());
+  const Worst worst = run_side_by_side(fused, plain, hyper_with(1e-2, 0.1), gradients(n, 10, 1.0), true);
+  CHECK(worst.param <= kFloatTolerance);
+  CHECK(worst.exp_avg <= kFloatTolerance);
+  CHECK(worst.exp_avg_sq <= kFloatTolerance);
+  // And a parameter that requires grad, as an optimizer holds it, is updated in place (no autograd error).
+  torch::Tensor leaf = start.clone().requires_grad_(true);
+  State s = make_state(leaf);
+  fusion::fused_adamw_(s.param, torch::ones({n}), s.exp_avg, s.exp_avg_sq, fusion::AdamWHyper{}, 1);
+  CHECK(leaf.detach().ne(start).all().item<bool>());
+}
+
+TEST_CASE("[step3] empty tensors are accepted and nothing happens") {
+  State s = make_state(torch::empty({0}));
+  fusion::fused_adamw_(s.param, torch::empty({0}), s.exp_avg, s.exp_avg_sq, fusion::AdamWHyper{}, 1);
+  CHECK(s.param.numel() == 0);
+  State s2 = make_state(torch::empty({3, 0}, torch::kBFloat16));
+  fusion::fused_adamw_(s2.param, torch::empty({3, 0}, torch::kBFloat16), s2.exp_avg, s2.exp_avg_sq,
+                       fusion::AdamWHyper{}, 7);
+  CHECK(s2.param.numel() == 0);
+}
+
+TEST_CASE("[step3] non-contiguous inputs are refused, naming the tensor") {
+  const torch::Tensor base = torch::randn({64, 64});
+  State s = make_state(torch::randn({64, 64}));
+  const torch::Tensor grad = torch::randn({64, 64});
+  const fusion::AdamWHyper h;
+  SUBCASE("param") {
+    torch::Tensor p = base.t();
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_(p, grad, s.exp_avg, s.exp_avg_sq, h, 1),
+                         Contains("param is not contiguous"), c10::Error);
+  }
+  SUBCASE("grad") {
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_(s.param, base.t(), s.exp_avg, s.exp_avg_sq, h, 1),
+                         Contains("grad is not contiguous"), c10::Error);
+  }
+  SUBCASE("exp_avg") {
+    torch::Tensor m = torch::zeros({64, 128}).slice(1, 0, 128, 2);
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_(s.param, grad, m, s.exp_avg_sq, h, 1),
+                         Contains("exp_avg is not contiguous"), c10::Error);
+  }
+  SUBCASE("exp_avg_sq") {
+    torch::Tensor v = torch::zeros({64, 64}).t();
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_(s.param, grad, s.exp_avg, v, h, 1),
+                         Contains("exp_avg_sq is not contiguous"), c10::Error);
+  }
+  CHECK(torch::equal(s.exp_avg, torch::zeros({64, 64})));  // refused before anything was written
+}
+
+TEST_CASE("[step3] each bad input gives its named error") {
+  const int64_t n = 16;
+  State s = make_state(torch::randn({n}));
+  const torch::Tensor grad = torch::randn({n});
+  const fusion::AdamWHyper good;
+  auto call = [&](torch::Tensor p, torch::Tensor g, torch::Tensor m, torch::Tensor v, fusion::AdamWHyper h,
+                  int64_t step) { fusion::fused_adamw_(p, g, m, v, h, step); };
+  auto with = [&](void (*change)(fusion::AdamWHyper&)) {
+    fusion::AdamWHyper h = good;
+    change(h);
+    return h;
+  };
+  SUBCASE("undefined") {
+    CHECK_THROWS_WITH_AS(fusion::check_adamw_args(s.param, torch::Tensor(), s.exp_avg, s.exp_avg_sq, good, 1),
+                         Contains("grad is undefined"), c10::Error);
+  }
+  SUBCASE("shapes") {
+    CHECK_THROWS_WITH_AS(call(s.param, torch::randn({n + 1}), s.exp_avg, s.exp_avg_sq, good, 1),
+                         Contains("must have the same shape"), c10::Error);
+    CHECK_THROWS_WITH_AS(call(s.param, grad, torch::zeros({4, 4}), s.exp_avg_sq, good, 1),
+                         Contains("must have the same shape"), c10::Error);
+  }
+  SUBCASE("dtypes") {
+    CHECK_THROWS_WITH_AS(call(torch::zeros({n}, torch::kDouble), grad.to(torch::kDouble), s.exp_avg, s.exp_avg_sq, good,
+                              1),
+                         Contains("param must be float32, bfloat16 or float16"), c10::Error);
+    CHECK_THROWS_WITH_AS(call(s.param, grad.to(torch::kBFloat16), s.exp_avg, s.exp_avg_sq, good, 1),
+                         Contains("grad must have param's dtype"), c10::Error);
+    CHECK_THROWS_WITH_AS(call(s.param.to(torch::kBFloat16), grad.to(torch::kBFloat16), s.exp_avg.to(torch::kBFloat16),
+                              s.exp_avg_sq, good, 1),
+                         Contains("exp_avg and exp_avg_sq must be float32"), c10::Error);
+    CHECK_THROWS_WITH_AS(call(s.param, grad, s.exp_avg, s.exp_avg_sq.to(torch::kDouble), good, 1),
+                         Contains("exp_avg and exp_avg_sq must be float32"), c10::Error);
+  }
+  SUBCASE("devices") {
+    // A meta tensor stands in for another device (this check needs no GPU); the kernel is called directly,
+    // because the dispatcher would route a meta argument to a (missing) meta kernel.
+    const torch::Tensor meta = torch::empty({n}, torch::TensorOptions().device(c10::kMeta));
+    CHECK_THROWS_WITH_AS(fusion::check_adamw_args(s.param, grad, s.exp_avg, meta, good, 1),
+                         Contains("all tensors must be on one device"), c10::Error);
+  }
+  SUBCASE("overlap") {
+    CHECK_THROWS_WITH_AS(call(s.param, s.param, s.exp_avg, s.exp_avg_sq, good, 1),
+                         Contains("param and grad overlap in memory"), c10::Error);
+    CHECK_THROWS_WITH_AS(call(s.param, grad, s.exp_avg, s.param, good, 1),
+                         Contains("param and exp_avg_sq overlap in memory"), c10::Error);
+    CHECK_THROWS_WITH_AS(call(s.param, grad, grad, s.exp_avg_sq, good, 1),
+                         Contains("grad and exp_avg overlap in memory"), c10::Error);
+    CHECK_THROWS_WITH_AS(call(s.param, grad, s.exp_avg, grad, good, 1),
+                         Contains("grad and exp_avg_sq overlap in memory"), c10::Error);
+    const torch::Tensor both = torch::zeros({n + 8});
+    CHECK_THROWS_WITH_AS(call(s.param, grad, both.slice(0, 0, n), both.slice(0, 8, n + 8), good, 1),
+                         Contains("exp_avg and exp_avg_sq overlap in memory"), c10::Error);
+    // Neighbours in one buffer that do not share an element are fine.
+    const torch::Tensor split = torch::zeros({2 * n});
+    CHECK_NOTHROW(call(s.param, grad, split.slice(0, 0, n), split.slice(0, n, 2 * n), good, 1));
+  }
+  SUBCASE("step") {
+    CHECK_THROWS_WITH_AS(call(s.param, grad, s.exp_avg, s.exp_avg_sq, good, 0), Contains("step must be >= 1"),
+                         c10::Error);
+  }
+  SUBCASE("hyper-parameters") {
+    const auto check = [&](fusion::AdamWHyper h, const char* message) {
+      CAPTURE(message);
+      CHECK_THROWS_WITH_AS(call(s.param, grad, s.exp_avg, s.exp_avg_sq, h, 1), Contains(message), c10::Error);
+    };
+    check(with([](fusion::AdamWHyper& h) { h.lr = -1e-3; }), "lr must be >= 0");
+    check(with([](fusion::AdamWHyper& h) { h.lr = std::nan(""); }), "lr must be >= 0");
+    check(with([](fusion::AdamWHyper& h) { h.eps = -1; }), "eps must be >= 0");
+    check(with([](fusion::AdamWHyper& h) { h.weight_decay = -0.1; }), "weight_decay must be >= 0");
+    check(with([](fusion::AdamWHyper& h) { h.beta1 = 1.0; }), "beta1 must be in [0, 1)");
+    check(with([](fusion::AdamWHyper& h) { h.beta1 = -0.5; }), "beta1 must be in [0, 1)");
+    check(with([](fusion::AdamWHyper& h) { h.beta2 = 1.5; }), "beta2 must be in [0, 1)");
+  }
+  CHECK(torch::equal(s.exp_avg, torch::zeros({n})));  // no refused call wrote anything
+}
+
+// ---- step 4: the multi-tensor operator ------------------------------------------------------------------
+
+namespace {
+
+// Parameters of assorted sizes and dtypes, as a model has them (an empty one included), with float32 state.
+struct Lists {
+  std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+};
+
+Lists make_lists(uint64_t seed) {
+  torch::manual_seed(seed);
+  Lists l;
+  const std::vector<std::pair<int64_t, torch::ScalarType>> shapes = {{40000, torch::kFloat},  {1, torch::kFloat},
+                                                                     {0, torch::kFloat},      {7, torch::kBFloat16},
+                                                                     {100003, torch::kFloat}, {33, torch::kHalf},
+                                                                     {5000, torch::kBFloat16}};
+  for (const auto& [numel, dtype] : shapes) {
+    l.params.push_back(torch::randn({numel}).to(dtype));
+    l.grads.push_back(torch::randn({numel}).to(dtype));
+    l.exp_avgs.push_back(torch::zeros({numel}));
+    l.exp_avg_sqs.push_back(torch::zeros({numel}));
+  }
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("[step4] the multi-tensor op gives every tensor exactly what the single-tensor op gives it") {
+  Lists multi = make_lists(12), single = make_lists(12);
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  for (int64_t step = 1; step <= 3; ++step) {
+    fusion::fused_adamw_multi_(multi.params, multi.grads, multi.exp_avgs, multi.exp_avg_sqs, hyper, step);
+    for (size_t i = 0; i < single.params.size(); ++i) {
+      fusion::fused_adamw_(single.params[i], single.grads[i], single.exp_avgs[i], single.exp_avg_sqs[i], hyper, step);
+    }
+  }
+  for (size_t i = 0; i < multi.params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(multi.params[i], single.params[i]));  // the same arithmetic: the same bits
+    CHECK(torch::equal(multi.exp_avgs[i], single.exp_avgs[i]));
+    CHECK(torch::equal(multi.exp_avg_sqs[i], single.exp_avg_sqs[i]));
+  }
+}
+
+TEST_CASE("[step4] the dispatcher finds workshop::fused_adamw_multi_, and empty tensors are accepted") {
+  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(fusion::kMultiOpName, "");
+  std::ostringstream schema;
+  schema << op.schema();
+  CAPTURE(schema.str());
+  CHECK(schema.str().find("workshop::fused_adamw_multi_(Tensor(a!)[] params, Tensor[] grads") == 0);
+  CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU));
+  const std::vector<torch::Tensor> none;
+  CHECK_NOTHROW(fusion::fused_adamw_multi_(none, none, none, none, fusion::AdamWHyper{}, 1));  // given.cc returns
+  const std::vector<torch::Tensor> empty = {torch::empty({0}), torch::empty({2, 0})};
+  CHECK_NOTHROW(fusion::fused_adamw_multi_(empty, empty, {torch::zeros({0}), torch::zeros({2, 0})},
+                                           {torch::zeros({0}), torch::zeros({2, 0})}, fusion::AdamWHyper{}, 1));
+}
+
+TEST_CASE("[step4] bad lists give their named errors, and nothing is written") {
+  Lists l = make_lists(13);
+  const fusion::AdamWHyper h;
+  SUBCASE("lengths") {
+    std::vector<torch::Tensor> short_grads(l.grads.begin(), l.grads.end() - 1);
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, short_grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("the lists must have one length"), c10::Error);
+  }
+  SUBCASE("one tuple's error, with its index") {
+    l.grads[3] = torch::randn({14}).to(torch::kBFloat16).slice(0, 0, 14, 2);  // 7 elements, strided
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("tensor 3"), c10::Error);
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("grad is not contiguous"), c10::Error);
+  }
+  SUBCASE("two tuples sharing memory") {
+    const torch::Tensor shared = torch::randn({100});
+    l.params[0] = shared.slice(0, 0, 60);
+    l.grads[0] = torch::randn({60});
+    l.exp_avgs[0] = torch::zeros({60});
+    l.exp_avg_sqs[0] = torch::zeros({60});
+    l.params[1] = shared.slice(0, 59, 60);  // the last element of params[0]
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("params[1] and params[0] overlap in memory"), c10::Error);
+    l.params[1] = torch::randn({1});
+    l.exp_avg_sqs[6] = l.exp_avgs[4].slice(0, 0, 5000);  // a moment inside another tuple's moment
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("overlap in memory"), c10::Error);
+  }
+  for (const torch::Tensor& m : l.exp_avgs) CHECK(m.abs().sum().item<float>() == 0.0f);
+}

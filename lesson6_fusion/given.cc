@@ -1,0 +1,51 @@
+// Given code for lesson 6: nothing to do here. The call of the operator through the dispatcher, and the unfused
+// AdamW step that the lesson fuses (the demo's baseline and the napkin's model). Both the skeleton and the
+// reference solution link this file.
+#include <cmath>
+
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+
+#include "lesson6_fusion/fused_adamw.h"
+
+namespace fusion {
+
+void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                  const AdamWHyper& hyper, int64_t step) {
+  // Found once, by name; typed<> checks the C++ signature against the registered schema.
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(kOpName, "")
+                             .typed<void(at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, double, double,
+                                         double, double, double, int64_t)>();
+  at::NoGradGuard no_grad;  // an optimizer step is not part of the autograd graph (parameters are leaves)
+  op.call(param, grad, exp_avg, exp_avg_sq, hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay, step);
+}
+
+void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                        const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                        const AdamWHyper& hyper, int64_t step) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(kMultiOpName, "")
+                             .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList, double, double,
+                                         double, double, double, int64_t)>();
+  // With no tensor at all the dispatcher has nothing to choose a backend (CPU, CUDA) from: nothing to do anyway.
+  if (params.empty() && grads.empty() && exp_avgs.empty() && exp_avg_sqs.empty()) return;
+  at::NoGradGuard no_grad;
+  op.call(params, grads, exp_avgs, exp_avg_sqs, hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay,
+          step);
+}
+
+void unfused_adamw_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                        const AdamWHyper& hyper, int64_t step) {
+  // The same operations, in the same order and with the same scalars, as LibTorch's torch::optim::AdamW::step.
+  if (hyper.weight_decay != 0) param.mul_(1 - hyper.lr * hyper.weight_decay);
+  const double bias_correction1 = 1 - std::pow(hyper.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(hyper.beta2, static_cast<double>(step));
+  exp_avg.mul_(hyper.beta1).add_(grad, 1 - hyper.beta1);
+  exp_avg_sq.mul_(hyper.beta2).addcmul_(grad, grad, 1 - hyper.beta2);
+  const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(hyper.eps);  // two temporaries
+  param.addcdiv_(exp_avg, denom, -hyper.lr / bias_correction1);
+}
+
+}  // namespace fusion

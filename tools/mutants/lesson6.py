@@ -1,0 +1,97 @@
+"""Lesson 6's mutants (fused kernels: napkin math, the fused AdamW kernel, the operator's checks): plausible bugs in
+solutions/, one tuple each.
+
+(name, file, old, new, what the bug is): `old` must occur exactly once in `file`; tools/mutants/mutants.py
+turns each tuple into a patch at run time and tools/mutants/run.sh applies them one at a time.
+"""
+
+L6 = "solutions/lesson6_fusion/fused_adamw.cc"
+
+MUTANTS = [
+    # ---- step 1: napkin math ----------------------------------------------------------------------------
+    ("l6_napkin_addcmul_reads_grad_once", L6,
+     "{3, 1, 0},  // .addcmul_(grad, grad, 1 - beta2)",
+     "{2, 1, 0},  // .addcmul_(grad, grad, 1 - beta2)",
+     "the napkin counts addcmul_'s two reads of the gradient as one"),
+    ("l6_napkin_fused_state_in_param_dtype", L6,
+     "const int64_t state = numel * static_cast<int64_t>(sizeof(float));",
+     "const int64_t state = param;",
+     "the fused napkin gives the state the parameter's dtype (it is float32)"),
+    # ---- step 2: the kernel -----------------------------------------------------------------------------
+    ("l6_no_bias_correction", L6,
+     "c.neg_step_size = static_cast<float>(-h.lr / bias_correction1);",
+     "c.neg_step_size = static_cast<float>(-h.lr);",
+     "the first moment's bias correction is missing from the step size"),
+    ("l6_coupled_weight_decay", L6,
+     "    const Vec grad = load(g + i, n);\n    Vec exp_avg = load(m + i, n);\n    Vec exp_avg_sq = load(v + i, n);\n"
+     "    // Decoupled weight decay first, on the parameter itself (not added to the gradient), as AdamW does.\n"
+     "    if (decay) param = param * decay_v;\n",
+     "    const Vec grad = load(g + i, n) + (Vec(1.f) - decay_v) * param;\n    Vec exp_avg = load(m + i, n);\n"
+     "    Vec exp_avg_sq = load(v + i, n);\n",
+     "L2-style (coupled) weight decay: lr * wd * p is added to the gradient instead of scaling the parameter"),
+    ("l6_betas_swapped", L6,
+     "    exp_avg = exp_avg * beta1 + one_minus_beta1 * grad;\n    exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad;",
+     "    exp_avg = exp_avg * beta2 + one_minus_beta2 * grad;\n    exp_avg_sq = exp_avg_sq * beta1 + one_minus_beta1 * grad * grad;",
+     "beta1 and beta2 swapped between the two moments"),
+    ("l6_eps_inside_sqrt", L6,
+     "const Vec denom = exp_avg_sq.sqrt() / sqrt_bc2 + eps;",
+     "const Vec denom = (exp_avg_sq + eps).sqrt() / sqrt_bc2;",
+     "eps added under the square root (Adam's paper writes it outside)"),
+    ("l6_vector_tail_skipped", L6,
+     "for (int64_t i = begin; i < end; i += kLanes) {\n    const int64_t n = std::min(kLanes, end - i);",
+     "for (int64_t i = begin; i + kLanes <= end; i += kLanes) {\n    const int64_t n = kLanes;",
+     "the last, partial vector of each range is never updated"),
+    ("l6_state_not_written_back", L6,
+     "    store(m + i, exp_avg, n);\n",
+     "",
+     "the new first moment is computed but not stored"),
+    ("l6_no_weight_decay", L6,
+     "    if (decay) param = param * decay_v;\n",
+     "",
+     "the fused step forgets the weight decay"),
+    ("l6_16bit_truncates", L6,
+     "  return T(x);  // c10::BFloat16 / c10::Half round to nearest even",
+     "  uint32_t bits;\n"
+     "  __builtin_memcpy(&bits, &x, sizeof bits);\n"
+     "  bits &= 0xFFFF0000u;  // keeps the upper half: truncation\n"
+     "  float truncated;\n"
+     "  __builtin_memcpy(&truncated, &bits, sizeof bits);\n"
+     "  return T(std::is_same<T, c10::BFloat16>::value ? truncated : x);",
+     "bfloat16 parameters are written back truncated (the float's upper 16 bits) instead of rounded to nearest"),
+    ("l6_16bit_state_rounded", L6,
+     "    store(m + i, exp_avg, n);\n",
+     "    if (std::is_same<T, float>::value) {\n"
+     "      store(m + i, exp_avg, n);\n"
+     "    } else {\n"
+     "      T rounded[kLanes];\n"
+     "      store(rounded, exp_avg, n);\n"
+     "      store(m + i, load(rounded, n), n);\n"
+     "    }\n",
+     "with 16-bit parameters the first moment is rounded to the parameter's dtype each step (state not float32)"),
+    # ---- step 3: the operator's checks ------------------------------------------------------------------
+    ("l6_overlap_check_misses_pairs", L6,
+     "for (int j = i + 1; j < 4; ++j) {",
+     "for (int j = i + 1; j < i + 2 && j < 4; ++j) {",
+     "the aliasing check compares only neighbouring arguments (param/grad, grad/exp_avg, ...)"),
+    ("l6_contiguity_unchecked", L6,
+     "TORCH_CHECK(tensors[i]->is_contiguous(), ",
+     "TORCH_CHECK(i == 0 || tensors[i]->is_contiguous(), ",
+     "a non-contiguous parameter is accepted"),
+    ("l6_beta_range_inclusive", L6,
+     "TORCH_CHECK(hyper.beta1 >= 0 && hyper.beta1 < 1,",
+     "TORCH_CHECK(hyper.beta1 >= 0 && hyper.beta1 <= 1,",
+     "beta1 = 1 (a first moment that never moves) is accepted"),
+    # ---- step 4: the multi-tensor operator --------------------------------------------------------------
+    ("l6_multi_first_tensor_only", L6,
+     "for (; t < count && offsets[t] < end; ++t) {",
+     "for (; t < count && offsets[t] <= begin; ++t) {",
+     "a range that spans several tensors updates only the one it starts in"),
+    ("l6_multi_offset_not_clipped", L6,
+     "const int64_t hi = std::min(end, offsets[t + 1]) - offsets[t];",
+     "const int64_t hi = offsets[t + 1] - offsets[t];",
+     "each range updates the rest of its tensor, not only its own part (elements are updated twice)"),
+    ("l6_multi_no_cross_overlap", L6,
+     "    TORCH_CHECK(ranges[k].begin >= ranges[k - 1].end, ",
+     "    TORCH_CHECK(true || ranges[k].begin >= ranges[k - 1].end, ",
+     "tensors of different tuples may share memory"),
+]
