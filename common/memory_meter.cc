@@ -18,9 +18,10 @@
 namespace workshop {
 namespace {
 
-// Bytes of one thread's allocations still alive, and their peak. Shared by the thread and by the table entries of
-// its allocations, so that a free on another thread still lands on the thread that allocated.
-struct ThreadCount {
+// Bytes still allocated and their peak: the whole process's (in the allocator) and each thread's. A thread's count
+// is shared by the thread and by the table entries of its allocations, so that a free on another thread still
+// lands on the thread that allocated.
+struct ByteCount {
   std::atomic<int64_t> current{0};
   std::atomic<int64_t> peak{0};
 
@@ -32,8 +33,8 @@ struct ThreadCount {
   }
 };
 
-const std::shared_ptr<ThreadCount>& this_thread_count() {
-  thread_local const std::shared_ptr<ThreadCount> count = std::make_shared<ThreadCount>();
+const std::shared_ptr<ByteCount>& this_thread_count() {
+  thread_local const std::shared_ptr<ByteCount> count = std::make_shared<ByteCount>();
   return count;
 }
 
@@ -44,9 +45,9 @@ class CountingCpuAllocator final : public compat::WrappingAllocator {
  public:
   explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
 
-  int64_t current() const { return current_.load(); }
-  int64_t peak() const { return peak_.load(); }
-  void reset_peak() { peak_.store(current_.load()); }
+  int64_t current() const { return process_.current.load(); }
+  int64_t peak() const { return process_.peak.load(); }
+  void reset_peak() { process_.peak.store(process_.current.load()); }
 
   c10::DeleterFnPtr raw_deleter() const override { return &CountingCpuAllocator::release; }
 
@@ -60,7 +61,7 @@ class CountingCpuAllocator final : public compat::WrappingAllocator {
       std::lock_guard<std::mutex> lock(mutex());
       table().emplace(data, Entry{std::move(inner), static_cast<int64_t>(nbytes), this_thread_count()});
     }
-    add(static_cast<int64_t>(nbytes));
+    process_.add(static_cast<int64_t>(nbytes));
     this_thread_count()->add(static_cast<int64_t>(nbytes));
     return c10::DataPtr(data, data, &CountingCpuAllocator::release, device);
   }
@@ -69,7 +70,7 @@ class CountingCpuAllocator final : public compat::WrappingAllocator {
   struct Entry {
     c10::DataPtr inner;  // frees the memory when the entry is destroyed
     int64_t bytes;
-    std::shared_ptr<ThreadCount> owner;  // the allocating thread's count
+    std::shared_ptr<ByteCount> owner;  // the allocating thread's count
   };
 
   static std::mutex& mutex() {
@@ -94,23 +95,15 @@ class CountingCpuAllocator final : public compat::WrappingAllocator {
       entry = std::move(it->second);
       table().erase(it);
     }
-    instance()->current_.fetch_sub(entry.bytes);
+    instance()->process_.current.fetch_sub(entry.bytes);
     entry.owner->current.fetch_sub(entry.bytes);
     // entry.inner frees the memory here, outside the lock
-  }
-
-  void add(int64_t bytes) const {
-    const int64_t now = current_.fetch_add(bytes) + bytes;
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
   }
 
   friend CountingCpuAllocator& counting_cpu_allocator();
 
   c10::Allocator* inner_;
-  mutable std::atomic<int64_t> current_{0};
-  mutable std::atomic<int64_t> peak_{0};
+  mutable ByteCount process_;
 };
 
 CountingCpuAllocator& counting_cpu_allocator() {
@@ -146,7 +139,7 @@ MemoryMeter::MemoryMeter(c10::Device device, MeterScope scope) : device_(device)
 
 void MemoryMeter::reset() {
   if (scope_ == MeterScope::kThisThread) {
-    ThreadCount& count = *this_thread_count();
+    ByteCount& count = *this_thread_count();
     count.peak.store(count.current.load());
     baseline_ = count.current.load();
   } else if (device_.is_cpu()) {
