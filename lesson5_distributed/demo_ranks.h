@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -211,6 +212,20 @@ inline torch::nn::Sequential mlp(const Config& c) {
 
 using workshop::median;  // the workshop's one median (common/device.h)
 
+/// Milliseconds per call of `call`, as the median over `repeats` bursts of `calls` calls back to back, each burst
+/// after a barrier; one more burst first, not counted (it connects and warms up).
+inline double ms_per_call(dist::Comm& comm, int repeats, int calls, const std::function<void(int)>& call) {
+  std::vector<double> ms;
+  for (int repeat = 0; repeat <= repeats; ++repeat) {
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) call(i);
+    const double burst = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (repeat > 0) ms.push_back(burst / calls);
+  }
+  return median(ms);
+}
+
 /// Everything one rank measures; rank 0's results are the table.
 inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* probe_ms, Extras* extras = nullptr) {
   const int n = comm.world_size();
@@ -223,15 +238,7 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
   // The loopback ceiling: one large all-reduce, timed (median of 5), as algorithm bandwidth.
   {
     at::Tensor big = at::ones({c.probe_bytes / 4});
-    std::vector<double> ms;
-    for (int i = 0; i < 6; ++i) {
-      comm.barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      comm.all_reduce(big);
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    ms.erase(ms.begin());  // the first one connects and warms up
-    *probe_ms = median(ms);
+    *probe_ms = ms_per_call(comm, 5, 1, [&](int) { comm.all_reduce(big); });
   }
   // [demo_probe]
   Extras local;
@@ -274,26 +281,9 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
       // less the wire time of its bytes. An isolated call after a barrier costs more (every peer wakes up for it);
       // a burst is what the steps make.
       comm.set_simulated_delay(std::chrono::microseconds(0));
-      auto burst = [&](bool broadcast) {
-        std::vector<double> per_call;
-        for (int repeat = 0; repeat < 4; ++repeat) {
-          comm.barrier();
-          const auto t0 = std::chrono::steady_clock::now();
-          for (int i = 0; i < kBurst; ++i) {
-            if (broadcast) {
-              comm.broadcast(tiny, i * n / kBurst);  // roots in blocks, as ZeRO-1's owners
-            } else {
-              comm.all_reduce(tiny);
-            }
-          }
-          per_call.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
-                             kBurst);
-        }
-        per_call.erase(per_call.begin());  // warm-up
-        return median(per_call);
-      };
-      round_reduce_call.push_back(burst(false));
-      round_bcast_call.push_back(burst(true));
+      round_reduce_call.push_back(ms_per_call(comm, 3, kBurst, [&](int) { comm.all_reduce(tiny); }));
+      round_bcast_call.push_back(  // roots in blocks, as ZeRO-1's owners
+          ms_per_call(comm, 3, kBurst, [&](int i) { comm.broadcast(tiny, i * n / kBurst); }));
       comm.set_simulated_delay(std::chrono::microseconds(c.sim_delay_us));  // for the steps (0: none)
       // [demo_call_cost]
     }
