@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -29,8 +30,8 @@ namespace amp {
 
 /// Which implementation unscales gradients and updates the scale.
 enum class KernelPath {
-  kAuto,   ///< the fused ATen kernels where the device has them (CUDA; CPU from LibTorch 2.3), else plain ops
-  kFused,  ///< always the fused ATen kernels (an error where the device has none)
+  kAuto,   ///< the fused kernels where the device has them (fused_unscale_kernel() is not empty), else plain ops
+  kFused,  ///< always the fused kernels (an error where the device has none)
   kPlain,  ///< always the plain tensor-op versions you write in steps 4 and 6
 };
 
@@ -64,9 +65,17 @@ struct GradScalerState {
 /// create_graph) are unscaled in place like any other.
 void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
 
-/// The same as unscale_grads_plain through ATen's fused `_amp_foreach_non_finite_check_and_unscale_`.
-/// Given (not an exercise); throws c10::Error where the device has no such kernel.
+/// The same as unscale_grads_plain in one fused kernel. Given (not an exercise). The kernel, in this order:
+/// lesson 6's operator `workshop::fused_unscale_` where a kernel of it is registered for the device (in any
+/// binary that links lesson 6, step 5; it takes contiguous gradients, so with a non-contiguous one this falls
+/// through), else ATen's `_amp_foreach_non_finite_check_and_unscale_` where the device has it (CUDA; CPU from
+/// LibTorch 2.3), else unscale_grads_plain when lesson 6's operator was chosen but cannot take these
+/// gradients; throws c10::Error where the device has neither kernel.
 void unscale_grads_fused(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
+
+/// Which fused unscale kernel unscale_grads_fused uses on `device`: "workshop::fused_unscale_" (lesson 6),
+/// "aten::_amp_foreach_non_finite_check_and_unscale_", or "" where there is none. Given.
+std::string fused_unscale_kernel(c10::DeviceType device);
 
 /// Step 6. Updates `scale` (one-element float32) and `growth_tracker` (one-element int32) in place, exactly as
 /// ATen's `_amp_update_scale_`: if found_inf is non-zero (NaN included: the kernel tests `if (found_inf)`),
@@ -77,7 +86,9 @@ void unscale_grads_fused(const std::vector<at::Tensor>& grads, at::Tensor& found
 void update_scale_plain(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                         double growth_factor, double backoff_factor, int64_t growth_interval);
 
-/// The same as update_scale_plain through ATen's fused `_amp_update_scale_`. Given (not an exercise).
+/// The same as update_scale_plain through ATen's fused `_amp_update_scale_` where the device has it; else (a
+/// fused unscale from lesson 6 on a LibTorch without ATen's kernels) update_scale_plain itself: the scale is one
+/// number, there is no pass over memory to fuse. Given (not an exercise).
 void update_scale_fused(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                         double growth_factor, double backoff_factor, int64_t growth_interval);
 

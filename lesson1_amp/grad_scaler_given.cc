@@ -2,7 +2,11 @@
 // kernels, gradient clipping, archives); both the skeleton and the reference solution link this file.
 #include "lesson1_amp/grad_scaler.h"
 
+#include <algorithm>
+#include <optional>
+
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/types.h>  // clip_grad.h needs torch::Tensor declared first
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
@@ -12,11 +16,48 @@
 
 namespace amp {
 
+namespace {
+
+constexpr const char* kWorkshopUnscale = "workshop::fused_unscale_";  // lesson 6, step 5
+constexpr const char* kAtenUnscale = "aten::_amp_foreach_non_finite_check_and_unscale_";
+
+// Lesson 6's operator, where a binary links it and it has a kernel for the device. Looked up on every call: an
+// operator may be registered after the first one (a library loaded later).
+std::optional<c10::OperatorHandle> workshop_unscale(c10::DeviceType device) {
+  const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(kWorkshopUnscale, ""));
+  if (!op) return std::nullopt;
+  const bool has_kernel = (device == c10::DeviceType::CPU && op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) ||
+                          (device == c10::DeviceType::CUDA && op->hasKernelForDispatchKey(c10::DispatchKey::CUDA));
+  return has_kernel ? std::optional<c10::OperatorHandle>(*op) : std::nullopt;
+}
+
+}  // namespace
+
+std::string fused_unscale_kernel(c10::DeviceType device) {
+  if (workshop_unscale(device)) return kWorkshopUnscale;
+  return workshop::compat::has_fused_amp_kernels(device) ? kAtenUnscale : "";
+}
+
 void unscale_grads_fused(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
   TORCH_CHECK(found_inf.defined() && inv_scale.defined(), "unscale_grads_fused: undefined found_inf or inv_scale");
-  TORCH_CHECK(workshop::compat::has_fused_amp_kernels(found_inf.device().type()),
-              "unscale_grads_fused: this LibTorch has no fused AMP kernel for ", found_inf.device(),
-              " (CPU kernels arrived in LibTorch 2.3); use unscale_grads_plain");
+  const c10::DeviceType device = found_inf.device().type();
+  const bool aten = workshop::compat::has_fused_amp_kernels(device);
+  if (const auto op = workshop_unscale(device)) {
+    const bool contiguous = std::all_of(grads.begin(), grads.end(), [](const at::Tensor& g) {
+      return g.defined() && g.layout() == c10::kStrided && g.is_contiguous();
+    });
+    if (contiguous) {
+      op->typed<void(at::TensorList, at::Tensor&, const at::Tensor&)>().call(grads, found_inf, inv_scale);
+      return;
+    }
+    if (!aten) {  // lesson 6's kernel walks contiguous memory only; without ATen's, the plain ops
+      unscale_grads_plain(grads, found_inf, inv_scale);
+      return;
+    }
+  }
+  TORCH_CHECK(aten, "unscale_grads_fused: no fused unscale kernel for ", found_inf.device(),
+              " (ATen's CPU kernels arrived in LibTorch 2.3; lesson 6's workshop::fused_unscale_ is not linked "
+              "in); use unscale_grads_plain");
   at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
 }
 
@@ -24,9 +65,15 @@ void update_scale_fused(at::Tensor& scale, at::Tensor& growth_tracker, const at:
                         double growth_factor, double backoff_factor, int64_t growth_interval) {
   TORCH_CHECK(scale.defined() && growth_tracker.defined() && found_inf.defined(),
               "update_scale_fused: undefined input");
-  TORCH_CHECK(workshop::compat::has_fused_amp_kernels(scale.device().type()),
-              "update_scale_fused: this LibTorch has no fused AMP kernel for ", scale.device(),
-              " (CPU kernels arrived in LibTorch 2.3); use update_scale_plain");
+  const c10::DeviceType device = scale.device().type();
+  if (!workshop::compat::has_fused_amp_kernels(device)) {
+    // Only with lesson 6's fused unscale on a LibTorch without ATen's kernels: one number to update, nothing
+    // to fuse.
+    TORCH_CHECK(workshop_unscale(device).has_value(), "update_scale_fused: this LibTorch has no fused AMP kernel for ",
+                scale.device(), " (CPU kernels arrived in LibTorch 2.3); use update_scale_plain");
+    update_scale_plain(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
+    return;
+  }
   at::_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
 }
 
@@ -85,14 +132,14 @@ bool GradScaler::use_fused(c10::DeviceType device) const {
     case KernelPath::kPlain:
       return false;
     case KernelPath::kFused:
-      TORCH_CHECK(workshop::compat::has_fused_amp_kernels(device),
+      TORCH_CHECK(!fused_unscale_kernel(device).empty(),
                   "GradScaler: KernelPath::kFused requested, "
                   "but this LibTorch has no fused AMP kernels for ",
-                  device);
+                  device, " (and lesson 6's workshop::fused_unscale_ is not linked in)");
       return true;
     case KernelPath::kAuto:
     default:
-      return workshop::compat::has_fused_amp_kernels(device);
+      return !fused_unscale_kernel(device).empty();
   }
 }
 

@@ -111,3 +111,36 @@ void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::T
 // (a namespace has one TORCH_LIBRARY, and any number of fragments) and register fusion::fused_adamw_multi_cpu
 // as its CPU kernel.
 // [register_multi]
+
+namespace fusion {
+
+// [unscale_kernel]
+void unscale_kernel_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  // TODO(lesson6, step 5): Read the scalar inv_scale once. Lay the gradients end to end and run ONE parallel
+  // region over them in step 4's pieces; in each, go Vectorized<float>::size() lanes at a time: load (as float),
+  // note whether any lane is inf or NaN, multiply by inv_scale (skip it when inv_scale is 1), store in the
+  // gradient's own dtype. Let each piece keep its own flag and write found_inf = 1 once at the end if any flag is
+  // set (many threads writing one float in the loop would fight over its cache line).
+  TORCH_CHECK(false, "TODO(lesson6, step 5): unscale_kernel_cpu() is not implemented yet");
+}
+// [unscale_kernel]
+
+// [unscale_check_args]
+void check_unscale_args(c10::ArrayRef<at::Tensor> grads, const at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  // TODO(lesson6, step 5): The rules of fused_adamw.h, in that order: found_inf and inv_scale first, then each
+  // gradient (with its index), then no two gradients overlapping in memory (step 4's sorted byte ranges).
+  TORCH_CHECK(false, "TODO(lesson6, step 5): check_unscale_args() is not implemented yet");
+}
+// [unscale_check_args]
+
+void fused_unscale_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  check_unscale_args(grads, found_inf, inv_scale);
+  unscale_kernel_cpu(grads, found_inf, inv_scale);
+}
+
+}  // namespace fusion
+
+// [register_unscale]
+// TODO(lesson6, step 5): Add fusion::kUnscaleOpSchema with one more TORCH_LIBRARY_FRAGMENT(workshop, m) and
+// register fusion::fused_unscale_cpu as its CPU kernel. Lesson 1's GradScaler then finds it by name.
+// [register_unscale]

@@ -108,6 +108,31 @@ void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::T
                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
                            double beta1, double beta2, double eps, double weight_decay, int64_t step);
 
+/// Step 5. The fused unscale + non-finite check of lesson 1's GradScaler, as ATen's
+/// `_amp_foreach_non_finite_check_and_unscale_` computes it: multiplies every element of every gradient in
+/// `grads` in place by inv_scale (a one-element float32 tensor; 1 leaves the values as they are) and sets
+/// found_inf (a one-element float32 tensor) to 1 if any element, read before the multiplication, is inf or
+/// NaN; otherwise found_inf keeps its value (zeroing it is the caller's job). Every element is read once and
+/// written once, in ONE at::parallel_for over all the gradients laid end to end (the pieces of step 4).
+/// Gradients of float32, bfloat16 or float16 (computed in float32, rounded back to nearest), each with its
+/// own dtype. Assumes check_unscale_args() accepted the inputs.
+void unscale_kernel_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
+
+/// Step 5. The checks of workshop::fused_unscale_, each a c10::Error whose message starts "fused_unscale_: ":
+///   "found_inf must be a defined one-element float32 tensor"
+///   "inv_scale must be a defined one-element float32 tensor"
+///   "found_inf and inv_scale must be on one device"
+///   "grad 1 is undefined"
+///   "grad 1 must be float32, bfloat16 or float16"
+///   "grad 1 is not on found_inf's device"
+///   "grad 1 is not contiguous"
+///   "grads[1] and grads[0] overlap in memory"   (any two gradients that share bytes: each would be unscaled twice)
+/// (each with what it got). An empty list and empty gradients are accepted.
+void check_unscale_args(c10::ArrayRef<at::Tensor> grads, const at::Tensor& found_inf, const at::Tensor& inv_scale);
+
+/// Step 5. The CPU kernel of workshop::fused_unscale_: check_unscale_args(), then unscale_kernel_cpu().
+void fused_unscale_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
+
 /// The operators' names and schemas (what TORCH_LIBRARY and, in step 4, TORCH_LIBRARY_FRAGMENT must define).
 constexpr const char* kOpName = "workshop::fused_adamw_";
 constexpr const char* kOpSchema =
@@ -117,6 +142,11 @@ constexpr const char* kMultiOpName = "workshop::fused_adamw_multi_";
 constexpr const char* kMultiOpSchema =
     "fused_adamw_multi_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
     "float lr, float beta1, float beta2, float eps, float weight_decay, int step) -> ()";
+/// The schema of ATen's `_amp_foreach_non_finite_check_and_unscale_`, under the workshop's name: lesson 1's
+/// GradScaler finds it by this name (amp::unscale_grads_fused) wherever this lesson is linked in.
+constexpr const char* kUnscaleOpName = "workshop::fused_unscale_";
+constexpr const char* kUnscaleOpSchema =
+    "fused_unscale_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale) -> ()";
 
 // ---- given (lesson6_fusion/given.cc) ---------------------------------------------------------------------
 
@@ -129,6 +159,9 @@ void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
 void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                         const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                         const AdamWHyper& hyper, int64_t step);
+
+/// Calls workshop::fused_unscale_ through the dispatcher, found by name.
+void fused_unscale_(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
 
 /// The unfused step, one ATen op at a time, in torch::optim::AdamW's order (the baseline the lesson fuses):
 ///   p.mul_(1 - lr * wd)                       (only when wd != 0)

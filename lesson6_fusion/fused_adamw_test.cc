@@ -1,10 +1,12 @@
-// Checks for lesson 6: the napkin math (step 1), the fused kernel (step 2) and the operator (step 3).
+// Checks for lesson 6: the napkin math (step 1), the fused kernel (step 2), the operator (step 3), the
+// multi-tensor operator (step 4) and the scaler's fused unscale (step 5).
 // Run: bazel test //lesson6_fusion:all   (one step: --test_arg=--test-case='*step2*')
 // The oracle is LibTorch's own torch::optim::AdamW, and the one-op-at-a-time step of given.cc that follows it.
 #include "tests/torch_doctest.h"
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 
 #include "lesson6_fusion/fused_adamw.h"
 #include "common/memory_meter.h"
+#include "lesson1_amp/grad_scaler.h"
 #include "tests/check_helpers.h"
 
 using doctest::Contains;
@@ -532,4 +535,168 @@ TEST_CASE("[step4] bad lists give their named errors, and nothing is written") {
                          Contains("overlap in memory"), c10::Error);
   }
   for (const torch::Tensor& m : l.exp_avgs) CHECK(m.abs().sum().item<float>() == 0.0f);
+}
+
+// ---- step 5: the scaler's fused unscale ------------------------------------------------------------------
+
+namespace {
+
+// Gradients as a model has them (an empty one, sizes across the 32768-element pieces, 16-bit ones), each
+// value a scaled gradient: a power of two times a normal sample, so unscaling by a power of two is exact.
+std::vector<torch::Tensor> scaled_grads(uint64_t seed) {
+  torch::manual_seed(seed);
+  std::vector<torch::Tensor> grads;
+  const std::vector<std::pair<int64_t, torch::ScalarType>> shapes = {{40000, torch::kFloat}, {0, torch::kFloat},
+                                                                     {7, torch::kBFloat16},  {100003, torch::kFloat},
+                                                                     {33, torch::kHalf},     {5000, torch::kBFloat16},
+                                                                     {1, torch::kFloat}};
+  for (const auto& [numel, dtype] : shapes) grads.push_back((torch::randn({numel}) * 1024).to(dtype));
+  return grads;
+}
+
+std::vector<torch::Tensor> clones(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : tensors) out.push_back(t.clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("[step5] the dispatcher finds workshop::fused_unscale_ with ATen's unscale schema and a CPU kernel") {
+  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(fusion::kUnscaleOpName, "");
+  std::ostringstream schema;
+  schema << op.schema();
+  CAPTURE(schema.str());
+  CHECK(schema.str() == "workshop::fused_unscale_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale) -> ()");
+  CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU));
+}
+
+TEST_CASE("[step5] finite gradients are multiplied by inv_scale, each rounded once to its dtype; found_inf stays 0") {
+  const std::vector<torch::Tensor> before = scaled_grads(21);
+  for (float inv : {1.0f / 1024, 0.1f, 1.0f}) {
+    CAPTURE(inv);
+    std::vector<torch::Tensor> grads = clones(before);
+    torch::Tensor found_inf = torch::zeros({1});
+    fusion::fused_unscale_(grads, found_inf, torch::full({1}, inv));
+    CHECK(found_inf.item<float>() == 0.0f);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(grads[i].dtype() == before[i].dtype());
+      // float32 arithmetic on the value as read, rounded to the gradient's dtype: as ATen's kernel does it.
+      CHECK(torch::equal(grads[i], (before[i].to(torch::kFloat) * inv).to(before[i].scalar_type())));
+    }
+  }
+}
+
+TEST_CASE("[step5] an inf or a NaN anywhere sets found_inf to 1, and every value is still unscaled") {
+  const std::vector<torch::Tensor> before = scaled_grads(22);
+  // (gradient, element): the first element of all, the last of a piece-crossing tensor, a 16-bit tail, the last.
+  const std::vector<std::pair<size_t, int64_t>> places = {{0, 0}, {3, 100002}, {3, 32768 * 2 + 5}, {4, 32}, {5, 4999},
+                                                          {6, 0}, {2, 6}};
+  for (const auto& [t, k] : places) {
+    for (float bad : {INFINITY, -INFINITY, NAN}) {
+      CAPTURE(t);
+      CAPTURE(k);
+      CAPTURE(bad);
+      std::vector<torch::Tensor> grads = clones(before);
+      grads[t][k] = bad;
+      std::vector<torch::Tensor> expected = clones(grads);
+      torch::Tensor found_inf = torch::zeros({1});
+      fusion::fused_unscale_(grads, found_inf, torch::full({1}, 0.5f));
+      CHECK(found_inf.item<float>() == 1.0f);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const torch::Tensor want = (expected[i].to(torch::kFloat) * 0.5f).to(expected[i].scalar_type());
+        CHECK(torch::equal(grads[i].nan_to_num(0, 1, -1), want.nan_to_num(0, 1, -1)));
+      }
+    }
+  }
+}
+
+TEST_CASE("[step5] found_inf is only ever set: a 1 stays 1 over finite gradients, an empty list changes nothing") {
+  std::vector<torch::Tensor> grads = scaled_grads(23);
+  torch::Tensor found_inf = torch::ones({1});
+  fusion::fused_unscale_(grads, found_inf, torch::full({1}, 0.25f));
+  CHECK(found_inf.item<float>() == 1.0f);
+  std::vector<torch::Tensor> empty = {torch::empty({0}), torch::empty({3, 0})};
+  found_inf.zero_();
+  CHECK_NOTHROW(fusion::fused_unscale_(empty, found_inf, torch::full({1}, 0.25f)));
+  CHECK(found_inf.item<float>() == 0.0f);
+}
+
+TEST_CASE("[step5] bad inputs give their named errors, and nothing is written") {
+  std::vector<torch::Tensor> grads = scaled_grads(24);
+  const std::vector<torch::Tensor> before = clones(grads);
+  torch::Tensor found_inf = torch::zeros({1});
+  const torch::Tensor inv = torch::full({1}, 0.5f);
+  auto refused = [&](std::vector<torch::Tensor> g, torch::Tensor f, torch::Tensor i, const char* message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(fusion::fused_unscale_(g, f, i), Contains(message), c10::Error);
+  };
+  refused(grads, torch::zeros({2}), inv, "fused_unscale_: found_inf must be a defined one-element float32 tensor");
+  refused(grads, torch::zeros({1}, torch::kDouble), inv, "found_inf must be a defined one-element float32 tensor");
+  refused(grads, found_inf, torch::full({1}, 0.5, torch::kDouble), "inv_scale must be a defined one-element float32");
+  refused(grads, found_inf, torch::full({2}, 0.5f), "inv_scale must be a defined one-element float32 tensor");
+  {
+    std::vector<torch::Tensor> g = clones(before);
+    g[3] = torch::ones({4}, torch::kInt);
+    refused(g, found_inf, inv, "grad 3 must be float32, bfloat16 or float16");
+    g[3] = torch::randn({8}).slice(0, 0, 8, 2);
+    refused(g, found_inf, inv, "fused_unscale_: grad 3 is not contiguous");
+    g[3] = torch::Tensor();
+    refused(g, found_inf, inv, "fused_unscale_: grad 3 is undefined");
+  }
+  {
+    std::vector<torch::Tensor> g = clones(before);
+    const torch::Tensor shared = torch::randn({100});
+    g[0] = shared.slice(0, 0, 60);
+    g[6] = shared.slice(0, 59, 60);  // the last element of grads[0]
+    refused(g, found_inf, inv, "grads[6] and grads[0] overlap in memory");
+    g[6] = torch::randn({1});
+    g[4] = g[3].slice(0, 1000, 1033).to(torch::kHalf);  // a copy: no overlap
+    g[5] = g[3].slice(0, 500, 600);                     // a view inside grads[3]
+    refused(g, found_inf, inv, "grads[5] and grads[3] overlap in memory");
+  }
+  // Another device: the kernel's own check (through the dispatcher a meta tensor would select no CPU kernel).
+  CHECK_THROWS_WITH_AS(fusion::check_unscale_args({torch::empty({4}, torch::Device(torch::kMeta))}, found_inf, inv),
+                       Contains("is not on found_inf's device"), c10::Error);
+  CHECK_THROWS_WITH_AS(fusion::check_unscale_args(grads, torch::zeros({1}, torch::Device(torch::kMeta)), inv),
+                       Contains("found_inf and inv_scale must be on one device"), c10::Error);
+  for (size_t i = 0; i < grads.size(); ++i) CHECK(torch::equal(grads[i], before[i]));  // nothing written
+  CHECK(found_inf.item<float>() == 0.0f);
+}
+
+TEST_CASE("[step5] lesson 1's GradScaler takes its fused path through workshop::fused_unscale_") {
+  REQUIRE(amp::fused_unscale_kernel(c10::DeviceType::CPU) == fusion::kUnscaleOpName);
+  // The same training steps with the fused path and with lesson 1's plain tensor ops: the same parameters, the
+  // same skip on an inf, the same scales.
+  std::vector<double> scales[2];
+  std::vector<torch::Tensor> params[2];
+  std::vector<bool> stepped[2];
+  const amp::KernelPath paths[2] = {amp::KernelPath::kFused, amp::KernelPath::kPlain};
+  for (int p = 0; p < 2; ++p) {
+    torch::manual_seed(5);
+    torch::Tensor w = torch::randn({50000}).requires_grad_(true), b = torch::randn({3}).requires_grad_(true);
+    torch::optim::SGD sgd({w, b}, 0.1);
+    amp::GradScalerOptions options;
+    options.init_scale = 1024;
+    options.growth_interval = 2;
+    options.kernels = paths[p];
+    amp::GradScaler scaler(options);
+    for (int it = 0; it < 5; ++it) {
+      sgd.zero_grad();
+      torch::Tensor loss = (w * w).sum() * 1e-3 + b.sum();
+      if (it == 2) loss = loss * std::numeric_limits<float>::infinity();  // an overflow: inf gradients
+      scaler.scale(loss).backward();
+      stepped[p].push_back(scaler.step(sgd));
+      scaler.update();
+      scales[p].push_back(scaler.get_scale());
+    }
+    params[p] = {w.detach(), b.detach()};
+  }
+  CHECK(stepped[0] == std::vector<bool>{true, true, false, true, true});
+  CHECK(stepped[0] == stepped[1]);
+  CHECK(scales[0] == scales[1]);
+  CHECK(scales[0] == std::vector<double>{1024, 2048, 1024, 1024, 2048});
+  CHECK(torch::equal(params[0][0], params[1][0]));
+  CHECK(torch::equal(params[0][1], params[1][1]));
 }

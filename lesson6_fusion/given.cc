@@ -36,6 +36,14 @@ void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector
           step);
 }
 
+void fused_unscale_(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(kUnscaleOpName, "")
+                             .typed<void(at::TensorList, at::Tensor&, const at::Tensor&)>();
+  at::NoGradGuard no_grad;
+  op.call(grads, found_inf, inv_scale);
+}
+
 void unfused_adamw_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                         const AdamWHyper& hyper, int64_t step) {
   // The same operations, in the same order and with the same scalars, as LibTorch's torch::optim::AdamW::step.

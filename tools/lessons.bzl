@@ -51,7 +51,7 @@ LESSONS = [
         number = 6,
         dir = "lesson6_fusion",
         title = "Fused kernels",
-        learn = "napkin math of a memory-bound step, a fused AdamW with at::parallel_for and Vectorized, a TORCH_LIBRARY operator",
+        learn = "napkin math of a memory-bound step, a fused AdamW with at::parallel_for and Vectorized, TORCH_LIBRARY operators, the scaler's fused unscale",
         need = "CPU (a CUDA kernel is not written yet)",
         tests = ["fused_adamw_test"],
     ),

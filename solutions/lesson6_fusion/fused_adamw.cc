@@ -1,5 +1,5 @@
-// Reference solution of lesson 6 (lesson6_fusion/fused_adamw.h): the napkin math, the fused AdamW kernel and the
-// operator workshop::fused_adamw_.
+// Reference solution of lesson 6 (lesson6_fusion/fused_adamw.h): the napkin math, the fused AdamW kernel, the
+// operators workshop::fused_adamw_ and workshop::fused_adamw_multi_, and the scaler's workshop::fused_unscale_.
 #include "lesson6_fusion/fused_adamw.h"
 
 #include <algorithm>
@@ -284,6 +284,26 @@ namespace fusion {
 // [multi_kernel]
 namespace {
 
+// The tensors laid end to end: tensor i holds elements [offsets[i], offsets[i + 1]).
+std::vector<int64_t> end_to_end(c10::ArrayRef<at::Tensor> tensors) {
+  std::vector<int64_t> offsets(tensors.size() + 1, 0);
+  for (size_t i = 0; i < tensors.size(); ++i) offsets[i + 1] = offsets[i] + tensors[i].numel();
+  return offsets;
+}
+
+// Calls f(t, lo, hi) for each tensor t that elements [begin, end) of the tensors laid end to end cover, with the
+// part [lo, hi) of its own elements: a piece may cover the end of one tensor and the start of the next.
+template <typename F>
+void for_each_part(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, const F& f) {
+  const size_t count = offsets.size() - 1;
+  size_t t = std::upper_bound(offsets.begin(), offsets.end(), begin) - offsets.begin() - 1;  // holds `begin`
+  for (; t < count && offsets[t] < end; ++t) {
+    const int64_t lo = std::max(begin, offsets[t]) - offsets[t];
+    const int64_t hi = std::min(end, offsets[t + 1]) - offsets[t];
+    if (lo < hi) f(t, lo, hi);
+  }
+}
+
 // Step 2's loop on elements [lo, hi) of one tuple, for the tuple's dtype.
 void update_part(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                  const at::Tensor& exp_avg_sq, int64_t lo, int64_t hi, const Coefficients& c, bool decay) {
@@ -306,25 +326,48 @@ void update_part(const at::Tensor& param, const at::Tensor& grad, const at::Tens
 void adamw_multi_kernel_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                             c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
                             const AdamWHyper& hyper, int64_t step) {
-  const size_t count = params.size();
-  std::vector<int64_t> offsets(count + 1, 0);  // the tensors laid end to end: tensor i is [offsets[i], offsets[i+1])
-  for (size_t i = 0; i < count; ++i) offsets[i + 1] = offsets[i] + params[i].numel();
-  if (offsets[count] == 0) return;
+  const std::vector<int64_t> offsets = end_to_end(params);
+  if (offsets.back() == 0) return;
   const Coefficients c = coefficients(hyper, step);
   const bool decay = hyper.weight_decay != 0;
-  // One parallel region for the whole list: a piece may cover the end of one tensor and the start of the next.
-  for_each_chunk(offsets[count], [&](int64_t begin, int64_t end) {
-    size_t t = std::upper_bound(offsets.begin(), offsets.end(), begin) - offsets.begin() - 1;  // holds `begin`
-    for (; t < count && offsets[t] < end; ++t) {
-      const int64_t lo = std::max(begin, offsets[t]) - offsets[t];
-      const int64_t hi = std::min(end, offsets[t + 1]) - offsets[t];
-      if (lo < hi) update_part(params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], lo, hi, c, decay);
-    }
+  // One parallel region for the whole list.
+  for_each_chunk(offsets.back(), [&](int64_t begin, int64_t end) {
+    for_each_part(offsets, begin, end, [&](size_t t, int64_t lo, int64_t hi) {
+      update_part(params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], lo, hi, c, decay);
+    });
   });
 }
 // [multi_kernel]
 
 // [multi_check_args]
+namespace {
+
+// Fails with "<op>: a[i] and b[j] overlap in memory" if any two non-empty tensors of the lists share bytes (the
+// lists' names in `names`). Sorted by start address, two ranges overlap somewhere only if two neighbours do.
+void check_disjoint(const char* op, c10::ArrayRef<c10::ArrayRef<at::Tensor>> lists, c10::ArrayRef<const char*> names) {
+  struct Range {
+    const char* begin;
+    const char* end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
+  for (size_t l = 0; l < lists.size(); ++l) {
+    for (size_t i = 0; i < lists[l].size(); ++i) {
+      const at::Tensor& t = lists[l][i];
+      if (t.numel() == 0) continue;
+      const char* start = static_cast<const char*>(t.data_ptr());
+      ranges.push_back({start, start + t.nbytes(), std::string(names[l]) + "[" + std::to_string(i) + "]"});
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t k = 1; k < ranges.size(); ++k) {
+    TORCH_CHECK(ranges[k].begin >= ranges[k - 1].end, op, ": ", ranges[k].name, " and ", ranges[k - 1].name,
+                " overlap in memory");
+  }
+}
+
+}  // namespace
+
 void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                             c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
                             const AdamWHyper& hyper, int64_t step) {
@@ -338,28 +381,9 @@ void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::
       TORCH_CHECK(false, "fused_adamw_multi_: tensor ", i, ": ", error.what_without_backtrace());
     }
   }
-  // Within a tuple check_adamw_args looked; across tuples: sort all byte ranges by start, compare neighbours.
-  struct Range {
-    const char* begin;
-    const char* end;
-    std::string name;
-  };
-  std::vector<Range> ranges;
-  const c10::ArrayRef<at::Tensor>* lists[] = {&params, &grads, &exp_avgs, &exp_avg_sqs};
-  const char* names[] = {"params", "grads", "exp_avgs", "exp_avg_sqs"};
-  for (int l = 0; l < 4; ++l) {
-    for (size_t i = 0; i < lists[l]->size(); ++i) {
-      const at::Tensor& t = (*lists[l])[i];
-      if (t.numel() == 0) continue;
-      const char* start = static_cast<const char*>(t.data_ptr());
-      ranges.push_back({start, start + t.nbytes(), std::string(names[l]) + "[" + std::to_string(i) + "]"});
-    }
-  }
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
-  for (size_t k = 1; k < ranges.size(); ++k) {
-    TORCH_CHECK(ranges[k].begin >= ranges[k - 1].end, "fused_adamw_multi_: ", ranges[k].name, " and ",
-                ranges[k - 1].name, " overlap in memory");
-  }
+  // Within a tuple check_adamw_args looked; across tuples: no two of all the tensors may share bytes.
+  const c10::ArrayRef<at::Tensor> lists[] = {params, grads, exp_avgs, exp_avg_sqs};
+  check_disjoint("fused_adamw_multi_", lists, {"params", "grads", "exp_avgs", "exp_avg_sqs"});
 }
 // [multi_check_args]
 
@@ -379,3 +403,106 @@ TORCH_LIBRARY_FRAGMENT(workshop, m) { m.def(fusion::kMultiOpSchema); }
 
 TORCH_LIBRARY_IMPL(workshop, CPU, m) { m.impl("fused_adamw_multi_", TORCH_FN(fusion::fused_adamw_multi_cpu)); }
 // [register_multi]
+
+namespace fusion {
+
+// [unscale_kernel]
+namespace {
+
+// Unscales elements [lo, hi) of one gradient in place; returns whether any of them, before the multiply, was inf
+// or NaN. x - x is 0 for every finite x and NaN for inf and NaN, so a running sum of (x - x) over the lanes stays
+// 0 exactly when every element read was finite: one subtraction and one addition per vector, no branch.
+template <typename T>
+bool unscale_range(T* g, int64_t lo, int64_t hi, float inv_scale) {
+  const Vec inv(inv_scale);
+  Vec non_finite(0.0f);
+  constexpr int64_t kLanes = Vec::size();
+  for (int64_t i = lo; i < hi; i += kLanes) {
+    const int64_t n = std::min(kLanes, hi - i);  // the last vector may be partial (load fills the rest with 0)
+    const Vec x = load(g + i, n);
+    non_finite = non_finite + (x - x);
+    if (inv_scale != 1.0f) store(g + i, x * inv, n);  // ATen's kernel leaves the values alone for a scale of 1
+  }
+  float lanes[Vec::size()];
+  non_finite.store(lanes);
+  for (float lane : lanes) {
+    if (lane != 0.0f) return true;  // NaN compares unequal to everything
+  }
+  return false;
+}
+
+bool unscale_part(const at::Tensor& grad, int64_t lo, int64_t hi, float inv_scale) {
+  switch (grad.scalar_type()) {
+    case c10::ScalarType::Float:
+      return unscale_range(grad.data_ptr<float>(), lo, hi, inv_scale);
+    case c10::ScalarType::BFloat16:
+      return unscale_range(grad.data_ptr<c10::BFloat16>(), lo, hi, inv_scale);
+    case c10::ScalarType::Half:
+      return unscale_range(grad.data_ptr<c10::Half>(), lo, hi, inv_scale);
+    default:
+      TORCH_CHECK(false, "unscale_kernel_cpu: unsupported dtype ", grad.scalar_type());
+  }
+}
+
+}  // namespace
+
+void unscale_kernel_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  const std::vector<int64_t> offsets = end_to_end(grads);  // as in step 4
+  if (offsets.back() == 0) return;
+  const float inv = *inv_scale.data_ptr<float>();  // read once, before the parallel region
+  // One flag per piece, each written by the one thread that runs the piece; found_inf is written once, after.
+  std::vector<char> piece_found(static_cast<size_t>((offsets.back() + kChunk - 1) / kChunk), 0);
+  for_each_chunk(offsets.back(), [&](int64_t begin, int64_t end) {
+    bool found = false;
+    for_each_part(offsets, begin, end,
+                  [&](size_t t, int64_t lo, int64_t hi) { found = unscale_part(grads[t], lo, hi, inv) || found; });
+    piece_found[static_cast<size_t>(begin / kChunk)] = found ? 1 : 0;
+  });
+  if (std::find(piece_found.begin(), piece_found.end(), 1) != piece_found.end()) *found_inf.data_ptr<float>() = 1.0f;
+}
+// [unscale_kernel]
+
+// [unscale_check_args]
+void check_unscale_args(c10::ArrayRef<at::Tensor> grads, const at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  TORCH_CHECK(found_inf.defined() && found_inf.numel() == 1 && found_inf.scalar_type() == c10::ScalarType::Float,
+              "fused_unscale_: found_inf must be a defined one-element float32 tensor",
+              found_inf.defined() ? ", got " + std::to_string(found_inf.numel()) + " element(s) of " +
+                                        std::string(c10::toString(found_inf.scalar_type()))
+                                  : std::string(", got an undefined tensor"));
+  TORCH_CHECK(inv_scale.defined() && inv_scale.numel() == 1 && inv_scale.scalar_type() == c10::ScalarType::Float,
+              "fused_unscale_: inv_scale must be a defined one-element float32 tensor",
+              inv_scale.defined() ? ", got " + std::to_string(inv_scale.numel()) + " element(s) of " +
+                                        std::string(c10::toString(inv_scale.scalar_type()))
+                                  : std::string(", got an undefined tensor"));
+  TORCH_CHECK(found_inf.device() == inv_scale.device(),
+              "fused_unscale_: found_inf and inv_scale must be on one device, got ", found_inf.device(), " and ",
+              inv_scale.device());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& g = grads[i];
+    TORCH_CHECK(g.defined(), "fused_unscale_: grad ", i, " is undefined");
+    const c10::ScalarType dtype = g.scalar_type();
+    TORCH_CHECK(dtype == c10::ScalarType::Float || dtype == c10::ScalarType::BFloat16 || dtype == c10::ScalarType::Half,
+                "fused_unscale_: grad ", i, " must be float32, bfloat16 or float16, got ", dtype);
+    TORCH_CHECK(g.device() == found_inf.device(), "fused_unscale_: grad ", i, " is not on found_inf's device (",
+                found_inf.device(), "), got ", g.device());
+    TORCH_CHECK(g.is_contiguous(), "fused_unscale_: grad ", i, " is not contiguous");
+  }
+  // Two gradients that share bytes would have them multiplied twice: step 4's check over the one list.
+  check_disjoint("fused_unscale_", {grads}, {"grads"});
+}
+// [unscale_check_args]
+
+void fused_unscale_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  check_unscale_args(grads, found_inf, inv_scale);
+  unscale_kernel_cpu(grads, found_inf, inv_scale);
+}
+
+}  // namespace fusion
+
+// [register_unscale]
+// Lesson 1's GradScaler looks this name up in the dispatcher (amp::unscale_grads_fused): any binary that links
+// this library gets its fused path.
+TORCH_LIBRARY_FRAGMENT(workshop, m) { m.def(fusion::kUnscaleOpSchema); }
+
+TORCH_LIBRARY_IMPL(workshop, CPU, m) { m.impl("fused_unscale_", TORCH_FN(fusion::fused_unscale_cpu)); }
+// [register_unscale]
