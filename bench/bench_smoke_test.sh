@@ -22,8 +22,12 @@ for f in bench_cpu.csv bench_cpu.md; do check "$out/$f is written" test -s "$out
 ours=$(grep -c ',ours,' "$out/bench_cpu.csv")
 # 2 lesson-1 variants on CPU, 3 lesson-2 K values, 2 lesson-3 loops, 4 lesson-4 recipes, 4 lesson-5 variants
 # (2 ranks in --quick), 2 scaler paths
-check "at least 17 of our rows (got $ours)" test "$ours" -ge 17
+check "at least 21 of our rows (got $ours)" test "$ours" -ge 21
 check "a lesson 5 ZeRO-1 row" grep -q "^lesson 5: data parallel (N=2),ZeRO-1" "$out/bench_cpu.csv"
+# Lesson 6: the fused step's rate in GB/s of its napkin bytes, held against the copy ceiling of the same bytes.
+check "a lesson 6 fused row with GB/s and a fraction of its copy ceiling" grep -qE \
+  '^\| lesson 6: AdamW step \([^)]*\) \| fused op \(float32\) \| [0-9.]+ \| [^|]+ \| [0-9.]+ GB/s \| [0-9.]+ \(memory copy[^|]*\| ([0-9.]+%|suspect) \|' \
+  "$out/bench_cpu.md"
 check "the Markdown names the device" grep -q "Device: " "$out/bench_cpu.md"
 check "the Markdown has the side-by-side table" grep -q "| time ours/PyTorch |" "$out/bench_cpu.md"
 check "the Markdown has the scaler's napkin math" grep -q "the floor" "$out/bench_cpu.md"
@@ -50,8 +54,15 @@ if /usr/bin/python3 -c 'import torch' > /dev/null 2>&1; then
   check "2 lesson-5 lines with PyTorch's time and calls (got $l5)" test "$l5" -eq 2
   check "the DDP line names DistributedDataParallel" \
     grep -qE '^\| lesson 5: data parallel \(N=2\) \| bucketed \+ overlap \|.*DistributedDataParallel\(gloo' "$out/bench_cpu.md"
+  check "the lesson 6 torch::optim::AdamW line has torch.optim.AdamW's time" \
+    grep -qE '^\| lesson 6: AdamW step \([^)]*\) \| torch::optim::AdamW \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x .*torch\.optim\.AdamW' \
+    "$out/bench_cpu.md"
+  # 11 for lessons 1-5, lesson 6's torch.optim.AdamW, and its fused AdamW where this PyTorch has one for the CPU.
+  expected=12
+  if /usr/bin/python3 -c 'import sys, torch; v = tuple(int(x) for x in torch.__version__.split(".")[:2]); sys.exit(v < (2, 4))' \
+    > /dev/null 2>&1; then expected=13; fi
   verdicts=$(grep -cE '\| (within noise|ours slower|ours faster) \|' "$out/bench_cpu.md")
-  check "every compared line has a time verdict (got $verdicts of 11)" test "$verdicts" -eq 11
+  check "every compared line has a time verdict (got $verdicts of $expected)" test "$verdicts" -eq "$expected"
 else
   echo "-- /usr/bin/python3 has no torch: expecting the 'not installed' message"
   check "the log says the peer did not run" grep -q "PyTorch peer: NOT RUN: .*cannot import torch" "$tmp/full.log"

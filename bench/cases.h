@@ -1,4 +1,4 @@
-// The bench's cases, one file per lesson (bench/lesson1.cc ... bench/lesson5.cc, bench/scaler.cc), each its own
+// The bench's cases, one file per lesson (bench/lesson1.cc ... bench/lesson6.cc, bench/scaler.cc), each its own
 // library with only that lesson's dependencies; bench/main.cc lists them in its table.
 #pragma once
 
@@ -15,5 +15,6 @@ void scaler_finish(Context& c);  ///< after the rounds: PyTorch's scaler row fro
 void lesson5(Context& c);        ///< data parallel on N rank processes, beside DistributedDataParallel / ZeRO
 /// Lesson 5's ranks are processes of the bench binary: their exit code when argv is a rank's, else -1.
 int lesson5_rank(int argc, char** argv);
+void lesson6(Context& c);  ///< one AdamW step: torch::optim::AdamW, unfused ops, the fused operator, beside torch.optim
 
 }  // namespace bench

@@ -220,9 +220,19 @@ struct Fraction {
   bool suspect = false;
 };
 
+// A row's rate in its ceiling's unit: bytes per second against a copy ceiling (the row's napkin bytes), FLOP per
+// second against a matmul's.
+bool counts_bytes(const Ceilings& ceilings, const Row& r) {
+  return !r.ceiling_key.empty() && ceilings.unit(r.ceiling_key) == "GB/s";
+}
+
+double rate_of(const Ceilings& ceilings, const Row& r) {
+  return (counts_bytes(ceilings, r) ? r.bytes : r.flops) / (r.timing.median_ms * 1e-3);
+}
+
 Fraction of_ceiling(Ceilings& ceilings, const Row& r) {
-  if (r.ceiling_key.empty() || r.flops <= 0) return {"-", false};
-  const double achieved = r.flops / (r.timing.median_ms * 1e-3);
+  const double achieved = rate_of(ceilings, r);
+  if (r.ceiling_key.empty() || achieved <= 0) return {"-", false};
   for (int i = 0; i < kRemeasures && achieved > ceilings.best(r.ceiling_key); ++i) ceilings.remeasure(r.ceiling_key);
   if (achieved > ceilings.best(r.ceiling_key)) return {"suspect", true};
   return {fixed(100.0 * achieved / ceilings.best(r.ceiling_key), 1) + "%", false};
@@ -329,7 +339,8 @@ int run_bench(int argc, char** argv, const std::vector<Case>& cases) {
     }
     c.notes.push_back(
         "Ceilings are measured the way the rows run (same process and thread count, the same matmul "
-        "shape and dtype as the row's largest layer, the same copy size as the scaler's gradients), "
+        "shape and dtype as the row's largest layer, a copy of as many bytes as the scaler's gradients or "
+        "lesson 6's fused step move), "
         "each time a case runs, and the best repetition of all those measurements is kept: a best "
         "case. A row's rate is its median step's. A row faster than its ceiling gets the ceiling "
         "measured again (up to " +
@@ -337,7 +348,8 @@ int run_bench(int argc, char** argv, const std::vector<Case>& cases) {
         " times); if it still is, the cell "
         "reads \"suspect\" (" +
         std::to_string(suspects) +
-        " in this run): the row's FLOP count or "
+        " in this run): the row's FLOP count (lesson 6: its napkin bytes, which over-count when the "
+        "tensors fit in a cache) or "
         "the ceiling's shape does not describe the work.");
     const std::string load_end = load_average();
     const std::string load = load_start.empty()
@@ -367,14 +379,15 @@ int run_bench(int argc, char** argv, const std::vector<Case>& cases) {
       }
     }
 
-    workshop::Table table("bench", {"benchmark", "variant", "median ms", "min..max ms", "GFLOP/s", "ceiling",
-                                    "of ceiling", "speed-up", "note"});
+    // rate: GFLOP/s of the row's FLOP count, or GB/s of its napkin bytes where its ceiling is a memory copy.
+    workshop::Table table("bench", {"benchmark", "variant", "median ms", "min..max ms", "rate", "ceiling", "of ceiling",
+                                    "speed-up", "note"});
     for (size_t i = 0; i < c.rows.size(); ++i) {
       const Row& r = c.rows[i];
-      const double achieved = r.flops / (r.timing.median_ms * 1e-3);
       const bool has_ceiling = !r.ceiling_key.empty();
       table.add({r.bench, r.variant, fixed(r.timing.median_ms, 2),
-                 fixed(r.timing.min_ms, 2) + ".." + fixed(r.timing.max_ms, 2), fixed(achieved / 1e9, 1),
+                 fixed(r.timing.min_ms, 2) + ".." + fixed(r.timing.max_ms, 2),
+                 fixed(rate_of(c.ceilings, r) / 1e9, 1) + (counts_bytes(c.ceilings, r) ? " GB/s" : " GFLOP/s"),
                  has_ceiling
                      ? fixed(c.ceilings.best(r.ceiling_key) / 1e9, 1) + " (" + c.ceilings.name(r.ceiling_key) + ")"
                      : "-",
@@ -551,7 +564,7 @@ int run_bench(int argc, char** argv, const std::vector<Case>& cases) {
         md << "| " << row[0] << " | " << row[1] << " " << row[2] << " | " << row[3] << " |\n";
       }
       md << "\n";
-      md_table({"benchmark", "variant", "median ms", "min..max ms", "GFLOP/s", "ceiling", "of ceiling", "speed-up",
+      md_table({"benchmark", "variant", "median ms", "min..max ms", "rate", "ceiling", "of ceiling", "speed-up",
                 "note"},
                table);
       md << "\n<b>Ours and PyTorch's, same workloads, same run.</b> The PyTorch side is `bench/peer.py`, started by "

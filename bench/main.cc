@@ -3,14 +3,15 @@
 // ratios — never a bare time. Beside each, the napkin math: FLOPs and bytes of the workload, the device's
 // ceilings measured in the same run the way the workload runs, and the fraction achieved (never above 100%).
 //
-//   bazel run //bench -- [--device=best|cpu|cuda] [--quick] [--out_dir=DIR] [--cases=l1,l2,l3,l4,scaler,l5]
+//   bazel run //bench -- [--device=best|cpu|cuda] [--quick] [--out_dir=DIR] [--cases=l1,l2,l3,l4,scaler,l5,l6]
 //                        [--world_sizes=2,4]
 //                        [--peer=on|off] [--peer_python=PATH] [--threads=N] [--rounds=N]
 //
 // Beside our rows, the same run times PyTorch's own implementations from Python (bench/peer.py, a subprocess
 // given the same sizes, seed, thread count and device): torch.autocast and its GradScaler, the accumulation
-// loop, torch.utils.checkpoint.checkpoint_sequential, the GradScaler's own cost, and DistributedDataParallel and
-// ZeroRedundancyOptimizer on gloo with the same ranks. The interpreter is --peer_python, else
+// loop, torch.utils.checkpoint.checkpoint_sequential, the GradScaler's own cost, DistributedDataParallel and
+// ZeroRedundancyOptimizer on gloo with the same ranks, and torch.optim.AdamW (also fused where the version has
+// it for the device). The interpreter is --peer_python, else
 // $WORKSHOP_PEER_PYTHON, else /usr/bin/python3 (Debian's python3-torch); without torch there the bench says so
 // and runs our rows alone.
 //
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
       {"l4", bench::lesson4},
       {"scaler", bench::scaler, /*once=*/false, bench::scaler_finish},
       {"l5", bench::lesson5, /*once=*/true, nullptr, bench::lesson5_rank},
+      {"l6", bench::lesson6},
   };
   return bench::run_bench(argc, argv, cases);
 }

@@ -13,6 +13,7 @@ same warm-up and repetitions, same timer: synchronise, clock, work, synchronise,
   scaler  the GradScaler's own cost: scale + unscale_ + step + update over many parameter tensors
   l5      lesson 5's data-parallel step: DistributedDataParallel (gloo, the same bucket cap) and DDP +
           ZeroRedundancyOptimizer, on N spawned rank processes meeting at a FileStore (bounded by a timeout)
+  l6      lesson 6's AdamW step: torch.optim.AdamW, and with fused=True where the version has it for the device
 
 Peak bytes. On CUDA: the caching allocator's statistics (peak minus what was allocated at the start), as the
 C++ meter reads them. On CPU: the CPU allocator's allocation and free events from the legacy profiler
@@ -542,7 +543,31 @@ def case_l5(device, spec):
                                                               out["threads"]))
 
 
-CASES = {"l1": case_l1, "l2": case_l2, "l4": case_l4, "scaler": case_scaler, "l5": case_l5}
+def case_l6(device, spec):
+    """Lesson 6: one AdamW step over one float32 parameter of `numel` elements, as torch.optim.AdamW runs it by
+    default here (beside torch::optim::AdamW), and with fused=True (beside the workshop's fused operator) where
+    this version has a fused AdamW for the device (CPU: from 2.4)."""
+    n, warmup, repeats = int(spec["numel"]), int(spec["warmup"]), int(spec["repeats"])
+    lr, weight_decay = float(spec["lr"]), float(spec["weight_decay"])
+    torch.manual_seed(0)
+    start = torch.randn(n, device=device)
+    grad = torch.randn(n, device=device)
+    for key, options, what in (("l6.adamw", {}, "torch.optim.AdamW (default implementation)"),
+                               ("l6.fused", {"fused": True}, "torch.optim.AdamW(fused=True)")):
+        param = torch.nn.Parameter(start.clone())
+        param.grad = grad.clone()
+        try:
+            optimizer = torch.optim.AdamW([param], lr=lr, weight_decay=weight_decay, **options)
+            optimizer.step()  # also where an unsupported option only fails at the first step
+        except (RuntimeError, TypeError, ValueError) as error:
+            emit("na", key, "%s: not available in PyTorch %s on %s (%s)" % (what, short_version(), device.type,
+                                                                          str(error).split("\n")[0][:120]))
+            continue
+        timing = time_repeated(device, optimizer.step, warmup, repeats)
+        row(key, timing, None, what)
+
+
+CASES = {"l1": case_l1, "l2": case_l2, "l4": case_l4, "scaler": case_scaler, "l5": case_l5, "l6": case_l6}
 
 
 def main():

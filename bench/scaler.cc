@@ -1,5 +1,6 @@
 // The GradScaler's own cost: scale + unscale_ + step (a no-op optimizer) + update over many gradient tensors,
-// our plain and fused paths beside PyTorch's GradScaler (bench/peer.py "scaler"), with the copy ceiling of the
+// our plain and fused paths (the fused unscale: lesson 6's workshop::fused_unscale_, linked into the bench, else
+// ATen's) beside PyTorch's GradScaler (bench/peer.py "scaler"), with the copy ceiling of the
 // same bytes.
 #include <iostream>
 #include <string>
@@ -56,13 +57,15 @@ void scaler(Context& c) {
   const std::vector<Path> paths{{"ours, plain ops (kPlain)", amp::KernelPath::kPlain,
                                  "5 ops per gradient (`isfinite`, `all`, `logical_not`, `masked_fill_`, `mul_`): " +
                                      std::to_string(5 * c.scaler_tensors) + " ops"},
-                                {"ours, fused ATen kernels (kFused)", amp::KernelPath::kFused,
-                                 "one `_amp_foreach_non_finite_check_and_unscale_` over all gradients"}};
+                                {"ours, fused kernel (kFused)", amp::KernelPath::kFused,
+                                 "one `" + amp::fused_unscale_kernel(c.device.type()) +
+                                     "` over all gradients (lesson 6's where linked, as here; else ATen's)"}};
   for (const auto& path : paths) {
     ScalerRow row{path.name, {}, "", path.note};
-    if (path.kernels == amp::KernelPath::kFused && !workshop::compat::has_fused_amp_kernels(c.device.type())) {
+    if (path.kernels == amp::KernelPath::kFused && amp::fused_unscale_kernel(c.device.type()).empty()) {
       row.unavailable = "not available in LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." +
-                        std::to_string(TORCH_VERSION_MINOR) + " on CPU (CPU kernels arrived in 2.3)";
+                        std::to_string(TORCH_VERSION_MINOR) + " on " + c.device.str() +
+                        " (ATen's CPU kernels arrived in 2.3; lesson 6's operator has a CPU kernel only)";
       c.scaler_rows.push_back(row);
       continue;
     }

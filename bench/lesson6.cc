@@ -1,0 +1,85 @@
+// Lesson 6's bench case: one AdamW step over a 64 MiB float32 parameter (16M floats; --quick 4 MiB) as
+// torch::optim::AdamW, the same step one ATen op at a time, the fused operator workshop::fused_adamw_ (float32
+// and bfloat16 parameters), beside PyTorch's torch.optim.AdamW and, where the version has it for the device, its
+// fused AdamW (bench/peer.py "l6"). Each row's rate is its napkin bytes (lesson 6, step 1) over its median time,
+// held against a memory copy of as many bytes as the fused float32 step moves, measured in the same run.
+#include <functional>
+#include <iostream>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "bench/cases.h"
+#include "common/report.h"
+#include "lesson6_fusion/fused_adamw.h"
+
+namespace bench {
+
+using workshop::fixed;
+
+void lesson6(Context& c) {
+  if (!c.device.is_cpu()) {
+    std::cout << "lesson 6: skipped on " << c.device << ": the fused operator has a CPU kernel only" << std::endl;
+    return;
+  }
+  const int64_t n = c.quick ? (int64_t{1} << 20) : (int64_t{1} << 24);
+  const int warmup = 2, repeats = c.quick ? 3 : 10;
+  std::cout << "lesson 6: AdamW step over " << n << " float32 elements (" << workshop::mib(4.0 * n) << ")" << std::endl;
+  torch::manual_seed(0);
+  const torch::Tensor start = torch::randn({n});
+  const torch::Tensor grad = torch::randn({n});
+  const fusion::AdamWHyper hyper;  // torch::optim::AdamW's defaults (weight decay 1e-2)
+
+  torch::Tensor p_torch = start.clone().requires_grad_(true);
+  p_torch.mutable_grad() = grad.clone();
+  torch::optim::AdamW optimizer({p_torch}, torch::optim::AdamWOptions(hyper.lr)
+                                               .betas({hyper.beta1, hyper.beta2})
+                                               .eps(hyper.eps)
+                                               .weight_decay(hyper.weight_decay));
+  torch::Tensor p_plain = start.clone(), m_plain = torch::zeros({n}), v_plain = torch::zeros({n});
+  torch::Tensor p_fused = start.clone(), m_fused = torch::zeros({n}), v_fused = torch::zeros({n});
+  torch::Tensor p_bf16 = start.to(torch::kBFloat16), g_bf16 = grad.to(torch::kBFloat16);
+  torch::Tensor m_bf16 = torch::zeros({n}), v_bf16 = torch::zeros({n});
+  int64_t step_plain = 0, step_fused = 0, step_bf16 = 0;
+
+  const fusion::Traffic unfused = fusion::unfused_adamw_traffic(n, torch::kFloat, hyper.weight_decay != 0);
+  const fusion::Traffic fused = fusion::fused_adamw_traffic(n, torch::kFloat);
+  const fusion::Traffic fused16 = fusion::fused_adamw_traffic(n, torch::kBFloat16);
+  // The ceiling: a copy of as many bytes as the fused float32 step moves (half read, half written), now.
+  const std::string ceiling = c.ceilings.copy(c.device, fused.total() / 8, repeats);
+
+  struct Variant {
+    std::string name;
+    const fusion::Traffic& traffic;
+    std::function<void()> step;
+    std::string key;  // the peer's row for the same workload
+  };
+  const Variant variants[] = {
+      {"torch::optim::AdamW", unfused, [&] { optimizer.step(); }, "l6.adamw"},
+      {"unfused ATen ops", unfused,
+       [&] { fusion::unfused_adamw_step(p_plain, grad, m_plain, v_plain, hyper, ++step_plain); }, ""},
+      {"fused op (float32)", fused, [&] { fusion::fused_adamw_(p_fused, grad, m_fused, v_fused, hyper, ++step_fused); },
+       "l6.fused"},
+      {"fused op (bfloat16 param)", fused16,
+       [&] { fusion::fused_adamw_(p_bf16, g_bf16, m_bf16, v_bf16, hyper, ++step_bf16); }, ""},
+  };
+  for (const Variant& v : variants) {
+    const auto t = workshop::time_repeated(c.device, v.step, warmup, repeats);
+    Row row{"lesson 6: AdamW step (" + workshop::mib(4.0 * n) + ")",
+            v.name,
+            t,
+            0,
+            static_cast<double>(v.traffic.total()),
+            ceiling,
+            0,
+            std::to_string(v.traffic.passes) + " pass(es), napkin " +
+                workshop::mib(static_cast<double>(v.traffic.total())) + " read+written",
+            v.key};
+    c.rows.push_back(row);
+  }
+  c.peer->run("l6", "numel=" + std::to_string(n) + ",warmup=" + std::to_string(warmup) +
+                        ",repeats=" + std::to_string(repeats) + ",lr=" + fixed(hyper.lr, 6) +
+                        ",weight_decay=" + fixed(hyper.weight_decay, 6));
+}
+
+}  // namespace bench
