@@ -94,6 +94,17 @@ std::string Ceilings::copy(c10::Device device, int64_t floats, int repeats) {
   return add(name, std::move(entry));
 }
 
+std::string Ceilings::in_place(c10::Device device, int64_t floats, int repeats) {
+  const std::string name = "memory in place (read+write) " + workshop::mib(4.0 * floats);
+  Entry entry{name, "GB/s", 0, 0, [=] {
+                auto x = torch::rand({floats}, device);
+                const auto t = workshop::time_repeated(
+                    device, [&] { x.mul_(1.0); }, 2, repeats);
+                return 2.0 * 4.0 * floats / (t.min_ms * 1e-3);  // read + write of the same bytes
+              }};
+  return add(name, std::move(entry));
+}
+
 void Ceilings::remeasure(const std::string& key) {
   const auto it = entries_.find(key);
   TORCH_CHECK(it != entries_.end(), "Ceilings::remeasure: no ceiling named '", key, "'");
@@ -339,8 +350,9 @@ int run_bench(int argc, char** argv, const std::vector<Case>& cases) {
     }
     c.notes.push_back(
         "Ceilings are measured the way the rows run (same process and thread count, the same matmul "
-        "shape and dtype as the row's largest layer, a copy of as many bytes as the scaler's gradients or "
-        "lesson 6's fused step move), "
+        "shape and dtype as the row's largest layer, a copy of as many bytes as the scaler's gradients, and "
+        "for lesson 6 an in-place read and write of as many bytes as its fused step moves: a copy also reads "
+        "its destination, which the napkin does not count), "
         "each time a case runs, and the best repetition of all those measurements is kept: a best "
         "case. A row's rate is its median step's. A row faster than its ceiling gets the ceiling "
         "measured again (up to " +

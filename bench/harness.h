@@ -52,6 +52,10 @@ class Ceilings {
                      int repeats);
   /// Measures a copy of `floats` float32 elements (one read and one write each) now and returns its key.
   std::string copy(c10::Device device, int64_t floats, int repeats);
+  /// Measures reading and writing back the same `floats` float32 elements (x.mul_(1)) now and returns its key: the
+  /// pattern of an in-place update (a copy also reads its destination into the cache before writing it, a cost
+  /// the napkin's 8 bytes per element do not count and an in-place update does not pay).
+  std::string in_place(c10::Device device, int64_t floats, int repeats);
   /// Measures `key` once more (its best may rise). Unknown keys are an error.
   void remeasure(const std::string& key);
 
