@@ -25,7 +25,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-lessons="1,2,3,4,5"
+# Every lesson folder (lessonN_topic), found on disk: a new lesson is measured without editing this script.
+declare -A dir=()
+for d in lesson[0-9]*_*/; do
+  d=${d%/}
+  n=${d#lesson}
+  dir[${n%%_*}]=$d
+done
+lessons=$(printf '%s\n' "${!dir[@]}" | sort -n | paste -sd, -)
 files_arg=""
 linkers="default"
 loops=5
@@ -47,7 +54,6 @@ while (($#)); do
 done
 
 bazel=${BAZEL:-bazel}
-declare -A dir=([1]=lesson1_amp [2]=lesson2_accumulation [3]=lesson3_profiling [4]=lesson4_memory [5]=lesson5_distributed)
 
 # The files to edit: every learner file (a .cc with a TODO(lessonN marker) of the chosen lessons, or --files.
 files=()
