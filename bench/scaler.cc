@@ -9,7 +9,6 @@
 #include <torch/torch.h>
 
 #include "bench/cases.h"
-#include "common/compat/compat.h"
 #include "lesson1_amp/grad_scaler.h"
 
 namespace bench {
