@@ -144,3 +144,19 @@ void fused_unscale_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, c
 // TODO(lesson6, step 5): Add fusion::kUnscaleOpSchema with one more TORCH_LIBRARY_FRAGMENT(workshop, m) and
 // register fusion::fused_unscale_cpu as its CPU kernel. Lesson 1's GradScaler then finds it by name.
 // [register_unscale]
+
+namespace fusion {
+namespace cuda {
+
+// [launch_shape]
+LaunchShape launch_shape(int64_t numel, int vector_width, int multiprocessors) {
+  // TODO(lesson6, step 6): The rules of kernel_api.h: check the three arguments (in that order), then
+  // kThreadsPerBlock threads and blocks = packs / threads rounded UP (packs = numel / vector_width, rounded up),
+  // but no more than multiprocessors * kBlocksPerMultiprocessor. This is C++ (the .cu file calls it): it runs and
+  // is checked on any machine.
+  TORCH_CHECK(false, "TODO(lesson6, step 6): launch_shape() is not implemented yet");
+}
+// [launch_shape]
+
+}  // namespace cuda
+}  // namespace fusion

@@ -13,20 +13,13 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
 
+#include "lesson6_fusion/kernel_api.h"  // AdamWHyper; step 6: the CUDA kernels' interface
+
 namespace at {
 class Tensor;
 }  // namespace at
 
 namespace fusion {
-
-/// AdamW's hyper-parameters, with torch::optim::AdamWOptions' defaults (amsgrad is not supported).
-struct AdamWHyper {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
-};
 
 /// The memory traffic of one AdamW step over one parameter tensor, by the napkin: every operation reads each of
 /// its tensor operands once from memory and writes its result once (no cache reuse between operations).

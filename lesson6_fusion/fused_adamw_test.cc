@@ -700,3 +700,205 @@ TEST_CASE("[step5] lesson 1's GradScaler takes its fused path through workshop::
   CHECK(torch::equal(params[0][0], params[1][0]));
   CHECK(torch::equal(params[0][1], params[1][1]));
 }
+
+// ---- step 6: the kernels on a GPU ------------------------------------------------------------------------
+
+TEST_CASE("[step6] launch_shape: a thread per pack, blocks rounded up, at most 4 blocks per multiprocessor") {
+  using fusion::cuda::launch_shape;
+  const fusion::cuda::LaunchShape none = launch_shape(0, 4, 132);
+  CHECK(none.blocks == 0);
+  CHECK(none.threads == 256);
+  CHECK(launch_shape(1, 4, 132).blocks == 1);        // one partial pack still needs a block
+  CHECK(launch_shape(1024, 4, 132).blocks == 1);     // 256 packs: one block of 256 threads
+  CHECK(launch_shape(1025, 4, 132).blocks == 2);     // 257 packs (the last partial): a second block
+  CHECK(launch_shape(1025, 1, 132).blocks == 5);     // one element per pack
+  CHECK(launch_shape(8192, 8, 132).blocks == 4);
+  CHECK(launch_shape(int64_t{1} << 26, 4, 132).blocks == 528);  // 64 Mi elements: the cap, 132 x 4
+  CHECK(launch_shape(int64_t{1} << 40, 1, 1).blocks == 4);
+  // Whatever the size: the grid either covers every pack with one thread, without a block to spare, or is capped.
+  for (int64_t numel : {2, 255, 256, 257, 4097, 100003, 1 << 20}) {
+    for (int width : {1, 2, 4, 8}) {
+      CAPTURE(numel);
+      CAPTURE(width);
+      const fusion::cuda::LaunchShape s = launch_shape(numel, width, 8);
+      CHECK(s.threads == 256);
+      const int64_t covered = s.blocks * s.threads * width;
+      CHECK((s.blocks == 32 || (covered >= numel && covered - s.threads * width < numel)));
+      CHECK(s.blocks <= 32);
+      CHECK(s.blocks >= 1);
+    }
+  }
+}
+
+TEST_CASE("[step6] launch_shape refuses a negative size, an odd vector width and no multiprocessors") {
+  using fusion::cuda::launch_shape;
+  CHECK_THROWS_WITH_AS(launch_shape(-1, 4, 8), Contains("launch_shape: numel must be >= 0, got -1"), c10::Error);
+  CHECK_THROWS_WITH_AS(launch_shape(16, 3, 8), Contains("launch_shape: vector_width must be 1, 2, 4 or 8, got 3"),
+                       c10::Error);
+  CHECK_THROWS_WITH_AS(launch_shape(16, 0, 8), Contains("vector_width must be 1, 2, 4 or 8"), c10::Error);
+  CHECK_THROWS_WITH_AS(launch_shape(16, 4, 0), Contains("launch_shape: multiprocessors must be >= 1, got 0"),
+                       c10::Error);
+}
+
+namespace {
+
+// The GPU cases need the kernels in the binary: Bazel builds them where LibTorch has CUDA and nvcc was found.
+void require_cuda_kernels() {
+  if (!WORKSHOP_CUDA_KERNELS) {
+    FAIL("step 6's CUDA kernels are not in this build: Bazel found no nvcc (or no libcudart) when it configured "
+         "@libtorch. Install the CUDA toolkit or set NVCC=/path/to/nvcc, then `bazel sync --configure`.");
+  }
+}
+
+State on_device(const State& s, const torch::Device& device) {
+  State out;
+  out.param = s.param.to(device, /*non_blocking=*/false, /*copy=*/true);
+  out.exp_avg = s.exp_avg.to(device, false, true);
+  out.exp_avg_sq = s.exp_avg_sq.to(device, false, true);
+  out.step = s.step;
+  return out;
+}
+
+const torch::Device kCuda(torch::kCUDA, 0);
+
+}  // namespace
+
+GPU_TEST_CASE("[step6] CUDA: the three operators have a CUDA kernel behind their names") {
+  require_cuda_kernels();
+  for (const char* name : {fusion::kOpName, fusion::kMultiOpName, fusion::kUnscaleOpName}) {
+    CAPTURE(name);
+    CHECK(c10::Dispatcher::singleton().findSchemaOrThrow(name, "").hasKernelForDispatchKey(c10::DispatchKey::CUDA));
+  }
+  CHECK(amp::fused_unscale_kernel(c10::DeviceType::CUDA) == fusion::kUnscaleOpName);  // lesson 1 picks it up
+}
+
+GPU_TEST_CASE("[step6] CUDA float32: the operator follows torch::optim::AdamW on the GPU for 100 steps") {
+  require_cuda_kernels();
+  const int64_t n = 100003;  // not a multiple of the pack: the tail runs too
+  for (double weight_decay : {0.0, 0.1}) {
+    CAPTURE(weight_decay);
+    const fusion::AdamWHyper hyper = hyper_with(1e-2, weight_decay);
+    torch::manual_seed(3);
+    const torch::Tensor start = torch::randn({n}, kCuda);
+    torch::Tensor reference = start.clone().requires_grad_(true);
+    torch::optim::AdamW optimizer({reference}, options_of(hyper));
+    State fused = on_device(make_state(start.cpu()), kCuda);
+    double worst = 0;
+    for (const torch::Tensor& grad : gradients(n, 100, 1.0)) {
+      const torch::Tensor g = grad.to(kCuda);
+      reference.mutable_grad() = g.clone();
+      optimizer.step();
+      fusion::fused_adamw_(fused.param, g, fused.exp_avg, fused.exp_avg_sq, hyper, ++fused.step);
+      worst = std::max(worst, rel_error({fused.param.cpu()}, {reference.detach().cpu()}));
+    }
+    CAPTURE(worst);
+    CHECK(worst <= kFloatTolerance);
+  }
+}
+
+GPU_TEST_CASE("[step6] CUDA: every size and alignment gives the CPU operator's results, in every dtype") {
+  require_cuda_kernels();
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int64_t n : {1, 3, 4, 5, 1023, 1025, (1 << 20) + 3}) {
+      for (int64_t offset : {0, 1}) {  // offset 1: a view that starts mid-pack, so the one-element path runs
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(n);
+        CAPTURE(offset);
+        torch::manual_seed(n);
+        const torch::Tensor base = torch::randn({n + offset}).to(dtype);
+        State cpu = make_state(base.narrow(0, offset, n).clone());
+        State gpu;
+        const torch::Tensor gpu_base = base.to(kCuda);
+        gpu.param = gpu_base.narrow(0, offset, n);
+        const torch::Tensor moments = torch::zeros({2, n + offset}, torch::TensorOptions().device(kCuda));
+        gpu.exp_avg = moments[0].narrow(0, offset, n);
+        gpu.exp_avg_sq = moments[1].narrow(0, offset, n);
+        for (const torch::Tensor& grad32 : gradients(n, 3, 1.0)) {
+          const torch::Tensor grad = grad32.to(dtype);
+          fusion::fused_adamw_(cpu.param, grad, cpu.exp_avg, cpu.exp_avg_sq, hyper, ++cpu.step);
+          const torch::Tensor g = torch::zeros({n + offset}, torch::TensorOptions().dtype(dtype).device(kCuda));
+          g.narrow(0, offset, n).copy_(grad);
+          fusion::fused_adamw_(gpu.param, g.narrow(0, offset, n), gpu.exp_avg, gpu.exp_avg_sq, hyper, ++gpu.step);
+        }
+        // float32 arithmetic on both sides; a 16-bit parameter may round the other way where the two float32
+        // results straddle a rounding boundary: one unit in the last place.
+        const double ulp = dtype == torch::kFloat ? 0 : (dtype == torch::kBFloat16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10));
+        const torch::Tensor p_cpu = cpu.param.to(torch::kFloat), p_gpu = gpu.param.cpu().to(torch::kFloat);
+        CHECK(((p_gpu - p_cpu).abs() <= p_cpu.abs() * ulp + 1e-6 * p_cpu.abs().max()).all().item<bool>());
+        CHECK(rel_error({gpu.exp_avg.cpu()}, {cpu.exp_avg}) <= 1e-5);
+        CHECK(rel_error({gpu.exp_avg_sq.cpu()}, {cpu.exp_avg_sq}) <= 1e-5);
+        if (offset == 1) {  // the element before the view: untouched
+          CHECK(gpu_base[0].item<float>() == base[0].item<float>());
+          CHECK(moments[0][0].item<float>() == 0.0f);
+        }
+      }
+    }
+  }
+}
+
+GPU_TEST_CASE("[step6] CUDA: the multi-tensor operator gives each tensor what the single one gives it") {
+  require_cuda_kernels();
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  std::vector<State> singles;
+  for (int64_t n : {40000, 0, 7, 100003}) {
+    torch::manual_seed(n + 1);
+    State s = on_device(make_state(torch::randn({n})), kCuda);
+    singles.push_back(on_device(s, kCuda));
+    params.push_back(s.param);
+    grads.push_back(torch::randn({n}, kCuda));
+    exp_avgs.push_back(s.exp_avg);
+    exp_avg_sqs.push_back(s.exp_avg_sq);
+  }
+  fusion::fused_adamw_multi_(params, grads, exp_avgs, exp_avg_sqs, hyper, 1);
+  for (size_t i = 0; i < singles.size(); ++i) {
+    CAPTURE(i);
+    fusion::fused_adamw_(singles[i].param, grads[i], singles[i].exp_avg, singles[i].exp_avg_sq, hyper, 1);
+    CHECK(torch::equal(params[i], singles[i].param));
+    CHECK(torch::equal(exp_avgs[i], singles[i].exp_avg));
+    CHECK(torch::equal(exp_avg_sqs[i], singles[i].exp_avg_sq));
+  }
+}
+
+GPU_TEST_CASE("[step6] CUDA: step 3's checks guard the CUDA kernel too") {
+  require_cuda_kernels();
+  State s = on_device(make_state(torch::randn({64})), kCuda);
+  const torch::Tensor g = torch::randn({64}, kCuda);
+  const fusion::AdamWHyper h;
+  torch::Tensor strided = torch::randn({64, 2}, kCuda).select(1, 0);
+  CHECK_THROWS_WITH_AS(fusion::fused_adamw_(strided, g, s.exp_avg, s.exp_avg_sq, h, 1),
+                       Contains("param is not contiguous"), c10::Error);
+  CHECK_THROWS_WITH_AS(fusion::fused_adamw_(s.param, g.cpu(), s.exp_avg, s.exp_avg_sq, h, 1),
+                       Contains("all tensors must be on one device"), c10::Error);
+  CHECK_THROWS_WITH_AS(fusion::fused_adamw_(s.param, g, s.exp_avg, s.exp_avg, h, 1),
+                       Contains("exp_avg and exp_avg_sq overlap in memory"), c10::Error);
+  CHECK(s.exp_avg.abs().sum().item<float>() == 0.0f);  // nothing written
+}
+
+GPU_TEST_CASE("[step6] CUDA unscale: the CPU operator's values and flag, and an inf anywhere is found") {
+  require_cuda_kernels();
+  const std::vector<torch::Tensor> before = scaled_grads(23);
+  for (float inv : {1.0f / 1024, 1.0f}) {
+    std::vector<torch::Tensor> cpu = clones(before), gpu;
+    for (const torch::Tensor& g : before) gpu.push_back(g.to(kCuda));
+    torch::Tensor found_cpu = torch::zeros({1}), found_gpu = torch::zeros({1}, kCuda);
+    fusion::fused_unscale_(cpu, found_cpu, torch::full({1}, inv));
+    fusion::fused_unscale_(gpu, found_gpu, torch::full({1}, inv, kCuda));
+    CHECK(found_gpu.item<float>() == 0.0f);
+    for (size_t i = 0; i < gpu.size(); ++i) CHECK(torch::equal(gpu[i].cpu(), cpu[i]));
+  }
+  for (const auto& [t, k] : std::vector<std::pair<size_t, int64_t>>{{0, 0}, {3, 100002}, {4, 32}, {6, 0}}) {
+    for (float bad : {INFINITY, NAN}) {
+      CAPTURE(t);
+      CAPTURE(k);
+      std::vector<torch::Tensor> gpu;
+      for (const torch::Tensor& g : before) gpu.push_back(g.to(kCuda));
+      gpu[t][k] = bad;
+      torch::Tensor found = torch::zeros({1}, kCuda);
+      fusion::fused_unscale_(gpu, found, torch::full({1}, 0.5f, kCuda));
+      CHECK(found.item<float>() == 1.0f);
+      CHECK(gpu[0][1].item<float>() == (before[0][1] * 0.5).item<float>());  // the others still unscaled
+    }
+  }
+}

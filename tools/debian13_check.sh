@@ -3,7 +3,7 @@
 # built here with debootstrap; or, with --cuda, the CUDA compile-and-link check against Debian 13's CUDA LibTorch.
 #
 #   sudo bash tools/debian13_check.sh            # CPU: bash tools/setup.sh, then bazel test --config=ci //...
-#   sudo bash tools/debian13_check.sh --cuda     # CUDA: libtorch-cuda-dev + nvidia-cuda-dev, then
+#   sudo bash tools/debian13_check.sh --cuda     # CUDA: libtorch-cuda-dev, nvidia-cuda-dev, nvcc, then
 #                                                #       bazel build --config=cuda_link_check -- //... -//docs/...
 #
 # Options: --uncommitted  also take the uncommitted changes to tracked files (git stash create), not only HEAD.
@@ -142,22 +142,22 @@ if [[ $variant == cpu ]]; then
   phase "tools/setup.sh inside the root"
   in_root 'apt-get update -q >/dev/null && cd /work/checkout && bash tools/setup.sh' || die "tools/setup.sh failed on Debian 13"
 else
-  phase "installing the CUDA stack (libtorch-cuda-dev, nvidia-cuda-dev) and what tools/setup.sh installs"
+  phase "installing the CUDA stack (libtorch-cuda-dev, nvidia-cuda-dev, nvidia-cuda-toolkit for nvcc) and what tools/setup.sh installs"
   # setup.sh's list, with Debian's CUDA LibTorch in place of the CPU one (the two conflict), and Gloo's CUDA build
   # in place of libgloo-dev (libtorch-cuda-2.6 depends on libgloo-cuda-0, which conflicts with libgloo0).
   pkgs=$(bash "$repo/tools/setup.sh" --list | grep -vx -e 'libtorch-dev' -e 'libgloo-dev' | tr '\n' ' ')
   pkgs+=" libgloo-cuda-dev"
   # nvidia-cudnn is an installer that downloads cuDNN from outside Debian: its configure step fails without that
   # network and leaves libtorch-cuda unconfigured, but every file is unpacked and usable for compiling and linking.
-  in_root "apt-get update -q >/dev/null; apt-get install -y -q --no-install-recommends $pkgs libtorch-cuda-dev nvidia-cuda-dev" \
+  in_root "apt-get update -q >/dev/null; apt-get install -y -q --no-install-recommends $pkgs libtorch-cuda-dev nvidia-cuda-dev nvidia-cuda-toolkit" \
     >"$cache/cuda-apt.log" 2>&1 || say "apt-get reported a failure (expected: nvidia-cudnn cannot download cuDNN); log: $cache/cuda-apt.log"
   grep -E 'nvidia-cudnn|E: ' "$cache/cuda-apt.log" | tail -5
   for f in /usr/lib/x86_64-linux-gnu/libtorch_cuda.so /usr/lib/x86_64-linux-gnu/libc10_cuda.so /usr/include/cuda_runtime_api.h \
-           /usr/include/torch/csrc/api/include/torch/torch.h /usr/bin/bazel /usr/include/doctest/doctest.h; do
+           /usr/include/torch/csrc/api/include/torch/torch.h /usr/bin/bazel /usr/include/doctest/doctest.h /usr/bin/nvcc; do
     [[ -e $root$f ]] || die "$f is missing in the root after installing the CUDA stack"
   done
 fi
-in_root 'dpkg-query -W -f="\${Package} \${Version}\n" libtorch-dev libtorch-cuda-dev nvidia-cuda-dev bazel-bootstrap doctest-dev g++ 2>/dev/null' | sed 's/^/  /'
+in_root 'dpkg-query -W -f="\${Package} \${Version}\n" libtorch-dev libtorch-cuda-dev nvidia-cuda-dev nvidia-cuda-toolkit bazel-bootstrap doctest-dev g++ 2>/dev/null' | sed 's/^/  /'
 touch "$root/.workshop-ready"
 if ((prepare_only)); then
   phase "done: the root is prepared (--prepare: no build)"

@@ -506,3 +506,24 @@ TORCH_LIBRARY_FRAGMENT(workshop, m) { m.def(fusion::kUnscaleOpSchema); }
 
 TORCH_LIBRARY_IMPL(workshop, CPU, m) { m.impl("fused_unscale_", TORCH_FN(fusion::fused_unscale_cpu)); }
 // [register_unscale]
+
+namespace fusion {
+namespace cuda {
+
+// [launch_shape]
+LaunchShape launch_shape(int64_t numel, int vector_width, int multiprocessors) {
+  TORCH_CHECK(numel >= 0, "launch_shape: numel must be >= 0, got ", numel);
+  TORCH_CHECK(vector_width == 1 || vector_width == 2 || vector_width == 4 || vector_width == 8,
+              "launch_shape: vector_width must be 1, 2, 4 or 8, got ", vector_width);
+  TORCH_CHECK(multiprocessors >= 1, "launch_shape: multiprocessors must be >= 1, got ", multiprocessors);
+  LaunchShape shape;
+  shape.threads = kThreadsPerBlock;
+  const int64_t packs = (numel + vector_width - 1) / vector_width;  // a partial last pack still needs a thread
+  const int64_t wanted = (packs + kThreadsPerBlock - 1) / kThreadsPerBlock;
+  shape.blocks = std::min(wanted, static_cast<int64_t>(multiprocessors) * kBlocksPerMultiprocessor);
+  return shape;
+}
+// [launch_shape]
+
+}  // namespace cuda
+}  // namespace fusion

@@ -89,6 +89,45 @@ def _find_cuda_include(ctx, lt):
                     found.append(str(candidate))
     return found
 
+def _find_nvcc(ctx):
+    """nvcc for lesson 6's CUDA kernels: $NVCC, then beside $CUDA_HOME / $CUDA_PATH, on PATH, /usr/local/cuda."""
+    if ctx.os.environ.get("NVCC", ""):
+        nvcc = ctx.path(ctx.os.environ["NVCC"])
+        if not nvcc.exists:
+            fail("NVCC=%s does not exist" % ctx.os.environ["NVCC"])
+        return nvcc
+    for var in ["CUDA_HOME", "CUDA_PATH"]:
+        if ctx.os.environ.get(var, "") and ctx.path(ctx.os.environ[var] + "/bin/nvcc").exists:
+            return ctx.path(ctx.os.environ[var] + "/bin/nvcc")
+    found = ctx.which("nvcc")
+    if found != None:
+        return found
+    if ctx.path("/usr/local/cuda/bin/nvcc").exists:
+        return ctx.path("/usr/local/cuda/bin/nvcc")
+    return None
+
+def _find_cudart(ctx, nvcc, lt):
+    """Linker flags for the CUDA runtime that nvcc's objects call (cudaLaunchKernel, the fat-binary hooks)."""
+    real = nvcc.realpath
+    dirs = [str(real.dirname.dirname) + "/lib64", str(real.dirname.dirname) + "/lib", lt.libdir] + _DEBIAN_LIBDIRS
+    for d in dirs:
+        if ctx.path(d + "/libcudart.so").exists:
+            return ["-L" + d, "-Wl,-rpath," + d, "-lcudart"]
+    # pip's nvidia-cuda-runtime package has only the versioned file (libcudart.so.12 or .13).
+    nvidia = ctx.path(str(ctx.path(lt.libdir).dirname.dirname) + "/nvidia")
+    if nvidia.exists:
+        for part in nvidia.readdir():
+            if "." in part.basename or part.basename.startswith("__"):
+                continue  # __init__.py, __pycache__: not library packages
+            libs = [part.get_child("lib")] + [sub.get_child("lib") for sub in part.readdir() if "." not in sub.basename]
+            for lib in libs:
+                if not lib.exists:
+                    continue
+                for f in lib.readdir():
+                    if f.basename.startswith("libcudart.so."):
+                        return ["-L" + str(lib), "-Wl,-rpath," + str(lib), "-l:" + f.basename]
+    return []
+
 def _libtorch_repository_impl(ctx):
     lt = _locate(ctx)
     include = ctx.path(lt.include)
@@ -119,6 +158,15 @@ def _libtorch_repository_impl(ctx):
         else:
             print("LibTorch at %s is a CUDA build, but no CUDA headers (cuda_runtime_api.h) were found: " % lt.libdir +
                   "set CUDA_HOME to a CUDA toolkit. Files that include ATen's CUDA headers will not compile.")
+
+    # nvcc, for the lesson's own CUDA kernels (lesson 6). Only with a CUDA LibTorch, and only with a CUDA runtime
+    # library to link them against.
+    nvcc = _find_nvcc(ctx) if has_cuda else None
+    cudart = _find_cudart(ctx, nvcc, lt) if nvcc != None else []
+    if nvcc != None and not cudart:
+        print("nvcc found at %s but no libcudart: lesson 6's CUDA kernels are not built" % nvcc)
+        nvcc = None
+    nvcc_flags = [f for f in ctx.os.environ.get("NVCC_FLAGS", "").split(" ") if f]
 
     macros = ctx.read(include.get_child("c10").get_child("macros").get_child("cmake_macros.h"))
     uses_glog = "#define C10_USE_GLOG" in macros
@@ -173,10 +221,16 @@ LIBTORCH_HAS_CUDA = {cuda}
 LIBTORCH_VERSION = ({major}, {minor})
 LIBTORCH_ORIGIN = "{origin}"
 LIBTORCH_CUDA_HEADERS = "{cuda_headers}"
-""".format(origin = lt.origin, cuda = has_cuda, major = major, minor = minor, cuda_headers = cuda_headers))
+# nvcc for the project's own .cu files ("" where there is none or LibTorch has no CUDA), the extra flags from
+# $NVCC_FLAGS (e.g. -arch=sm_90), and how to link the CUDA runtime its objects call.
+NVCC = "{nvcc}"
+NVCC_FLAGS = {nvcc_flags}
+CUDART_LINKOPTS = {cudart}
+""".format(origin = lt.origin, cuda = has_cuda, major = major, minor = minor, cuda_headers = cuda_headers,
+           nvcc = str(nvcc) if nvcc != None else "", nvcc_flags = repr(nvcc_flags), cudart = repr(cudart)))
 
 libtorch_repository = repository_rule(
     implementation = _libtorch_repository_impl,
-    environ = ["LIBTORCH", "PYTHON", "CUDA_HOME", "CUDA_PATH", "PATH"],
+    environ = ["LIBTORCH", "PYTHON", "CUDA_HOME", "CUDA_PATH", "PATH", "NVCC", "NVCC_FLAGS"],
     local = True,
 )

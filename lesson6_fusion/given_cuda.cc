@@ -1,0 +1,78 @@
+// Given code for lesson 6, step 6: nothing to do here. The CUDA kernels of the three operators: each checks its
+// tensors with your checks of steps 3-5, then queues your kernels (fused_adamw_cuda.cu) on the current CUDA
+// stream of the tensors' device. Built only where LibTorch has CUDA and nvcc was found (lesson6_fusion/BUILD).
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "lesson6_fusion/fused_adamw.h"
+
+namespace fusion {
+namespace {
+
+cuda::Dtype cuda_dtype(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case c10::ScalarType::Float:
+      return cuda::Dtype::Float32;
+    case c10::ScalarType::BFloat16:
+      return cuda::Dtype::BFloat16;
+    case c10::ScalarType::Half:
+      return cuda::Dtype::Float16;
+    default:
+      TORCH_CHECK(false, "fused kernels (CUDA): unsupported dtype ", t.scalar_type());
+  }
+}
+
+void* stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+void adamw_one(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+               const AdamWHyper& hyper, int64_t step) {
+  if (param.numel() == 0) return;
+  const char* error = cuda::launch_adamw(cuda_dtype(param), param.data_ptr(), grad.data_ptr(),
+                                         exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), param.numel(),
+                                         hyper, step, stream_of(param));
+  TORCH_CHECK(error == nullptr, "fused_adamw_ (CUDA): ", error);
+}
+
+void fused_adamw_cuda(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                      double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
+  check_adamw_args(param, grad, exp_avg, exp_avg_sq, hyper, step);  // step 3, the same rules on every device
+  const c10::cuda::CUDAGuard device(param.device());                 // launch on the tensors' GPU
+  adamw_one(param, grad, exp_avg, exp_avg_sq, hyper, step);
+}
+
+// One launch per tensor: on a GPU a launch costs a few microseconds, next to milliseconds of memory traffic for
+// large parameters. (PyTorch's _fused_adamw_ packs many small tensors into one launch; the lesson does not.)
+void fused_adamw_multi_cuda(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
+                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
+                            double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
+  check_adamw_multi_args(params, grads, exp_avgs, exp_avg_sqs, hyper, step);  // step 4
+  for (size_t i = 0; i < params.size(); ++i) {
+    const c10::cuda::CUDAGuard device(params[i].device());
+    adamw_one(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], hyper, step);
+  }
+}
+
+void fused_unscale_cuda(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  check_unscale_args(grads, found_inf, inv_scale);  // step 5: every gradient on found_inf's device
+  const c10::cuda::CUDAGuard device(found_inf.device());
+  for (const at::Tensor& g : grads) {
+    if (g.numel() == 0) continue;
+    const char* error = cuda::launch_unscale(cuda_dtype(g), g.data_ptr(), g.numel(), found_inf.data_ptr<float>(),
+                                             inv_scale.data_ptr<float>(), stream_of(g));
+    TORCH_CHECK(error == nullptr, "fused_unscale_ (CUDA): ", error);
+  }
+}
+
+}  // namespace
+}  // namespace fusion
+
+// The CUDA kernels behind the names your TORCH_LIBRARY defined: the dispatcher picks them for CUDA tensors.
+TORCH_LIBRARY_IMPL(workshop, CUDA, m) {
+  m.impl("fused_adamw_", TORCH_FN(fusion::fused_adamw_cuda));
+  m.impl("fused_adamw_multi_", TORCH_FN(fusion::fused_adamw_multi_cuda));
+  m.impl("fused_unscale_", TORCH_FN(fusion::fused_unscale_cuda));
+}

@@ -1,0 +1,59 @@
+// Lesson 6 — what the C++ files and the CUDA file (fused_adamw_cuda.cu) share. No LibTorch and no CUDA header
+// in here: nvcc compiles the .cu file with this header alone, so the CUDA file builds in seconds and does not
+// depend on which LibTorch is installed. fused_adamw.h includes it.
+#pragma once
+
+#include <cstdint>
+
+namespace fusion {
+
+/// AdamW's hyper-parameters, with torch::optim::AdamWOptions' defaults (amsgrad is not supported).
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+namespace cuda {
+
+/// The grid of a grid-stride kernel: `blocks` blocks of `threads` threads; thread t of the grid handles
+/// packs t, t + blocks * threads, t + 2 * blocks * threads, ... where a pack is `vector_width` neighbouring
+/// elements that one load instruction reads.
+struct LaunchShape {
+  int64_t blocks = 0;
+  int threads = 0;
+};
+
+constexpr int kThreadsPerBlock = 256;  ///< threads per block of every kernel of the lesson
+constexpr int kBlocksPerMultiprocessor = 4;  ///< the grid stops growing at this many blocks per multiprocessor
+
+/// Step 6. The launch shape for `numel` elements read `vector_width` at a time on a GPU with `multiprocessors`
+/// streaming multiprocessors: kThreadsPerBlock threads per block, and enough blocks for one pack per thread
+/// (the last pack may be partial), but at most kBlocksPerMultiprocessor blocks per multiprocessor: past that the
+/// GPU is full, and each thread loops over more packs instead (the grid-stride loop). numel 0: zero blocks.
+/// Throws c10::Error (it is C++ code, fused_adamw.cc) "launch_shape: numel must be >= 0",
+/// "launch_shape: vector_width must be 1, 2, 4 or 8", "launch_shape: multiprocessors must be >= 1"
+/// (each with the value it got).
+LaunchShape launch_shape(int64_t numel, int vector_width, int multiprocessors);
+
+/// The element types the CUDA kernels take (the parameter's and the gradient's; the state is float32).
+enum class Dtype { Float32, BFloat16, Float16 };
+
+/// Step 6. One AdamW step on the GPU, as adamw_kernel_cpu computes it: param and grad of `dtype` (raw device
+/// pointers), exp_avg and exp_avg_sq float32, `numel` elements each, on the CUDA stream `stream` (a
+/// cudaStream_t), asynchronously. Packs of 16 bytes (four float32 or, for 16-bit types, four elements of 8
+/// bytes) where every pointer allows it, one element at a time where one does not. Returns nullptr once the
+/// kernel is queued, or the text of the CUDA error. The caller (given_cuda.cc) has checked the tensors.
+const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_avg, float* exp_avg_sq, int64_t numel,
+                         const AdamWHyper& hyper, int64_t step, void* stream);
+
+/// Step 6. The fused unscale of step 5 on the GPU for one gradient: multiplies its `numel` elements by
+/// *inv_scale (a device pointer; 1 leaves them as they are) and sets *found_inf = 1 if any was inf or NaN.
+/// Asynchronous on `stream`; returns nullptr or the CUDA error's text.
+const char* launch_unscale(Dtype dtype, void* grad, int64_t numel, float* found_inf, const float* inv_scale,
+                           void* stream);
+
+}  // namespace cuda
+}  // namespace fusion

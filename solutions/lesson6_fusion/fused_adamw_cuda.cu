@@ -1,0 +1,220 @@
+// Reference solution of lesson 6, step 6 (lesson6_fusion/kernel_api.h): the AdamW step and the unscale on a GPU.
+// Compiled by nvcc with kernel_api.h alone (no LibTorch headers); lesson6_fusion/given_cuda.cc calls it.
+#include "lesson6_fusion/kernel_api.h"
+
+#include <cmath>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace fusion {
+namespace cuda {
+
+// [cuda_kernel]
+namespace {
+
+// The step's scalars in float32, computed once on the host in double as step 2 does.
+struct Coefficients {
+  float decay;  // 1 - lr * weight_decay
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float sqrt_bias_correction2;
+  float eps;
+  float neg_step_size;  // -lr / bias_correction1
+  bool apply_decay;
+};
+
+Coefficients coefficients(const AdamWHyper& h, int64_t step) {
+  const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(step));
+  Coefficients c;
+  c.decay = static_cast<float>(1 - h.lr * h.weight_decay);
+  c.beta1 = static_cast<float>(h.beta1);
+  c.one_minus_beta1 = static_cast<float>(1 - h.beta1);
+  c.beta2 = static_cast<float>(h.beta2);
+  c.one_minus_beta2 = static_cast<float>(1 - h.beta2);
+  c.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
+  c.eps = static_cast<float>(h.eps);
+  c.neg_step_size = static_cast<float>(-h.lr / bias_correction1);
+  c.apply_decay = h.weight_decay != 0;
+  return c;
+}
+
+__device__ float to_float(float x) { return x; }
+__device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ float to_float(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ T from_float(float x);
+template <>
+__device__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);  // round to nearest even, as c10::BFloat16(float)
+}
+template <>
+__device__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+// kWidth neighbouring elements that one instruction loads or stores: alignas makes the compiler emit one
+// 8- or 16-byte access (ld.global.v4.f32 for four float32) instead of kWidth small ones.
+template <typename T, int kWidth>
+struct alignas(sizeof(T) * kWidth) Pack {
+  T x[kWidth];
+};
+
+// One element, in torch::optim::AdamW's order (step 2's loop body, one lane).
+template <typename T>
+__device__ void update(T& p, T g, float& m, float& v, const Coefficients& c) {
+  float param = to_float(p);
+  const float grad = to_float(g);
+  if (c.apply_decay) param = param * c.decay;
+  m = m * c.beta1 + c.one_minus_beta1 * grad;
+  v = v * c.beta2 + c.one_minus_beta2 * grad * grad;
+  const float denom = sqrtf(v) / c.sqrt_bias_correction2 + c.eps;
+  param = param + c.neg_step_size * m / denom;
+  p = from_float<T>(param);
+}
+
+// Grid-stride: thread t handles packs t, t + stride, ... so any grid covers every pack; the elements after the
+// last whole pack (fewer than kWidth) go to the grid's first threads, one each.
+template <typename T, int kWidth>
+__global__ void adamw_kernel(T* p, const T* g, float* m, float* v, int64_t numel, Coefficients c) {
+  const int64_t packs = numel / kWidth;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = first; i < packs; i += stride) {
+    Pack<T, kWidth> pp = reinterpret_cast<Pack<T, kWidth>*>(p)[i];
+    const Pack<T, kWidth> gp = reinterpret_cast<const Pack<T, kWidth>*>(g)[i];
+    Pack<float, kWidth> mp = reinterpret_cast<Pack<float, kWidth>*>(m)[i];
+    Pack<float, kWidth> vp = reinterpret_cast<Pack<float, kWidth>*>(v)[i];
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) update(pp.x[k], gp.x[k], mp.x[k], vp.x[k], c);
+    reinterpret_cast<Pack<T, kWidth>*>(p)[i] = pp;
+    reinterpret_cast<Pack<float, kWidth>*>(m)[i] = mp;
+    reinterpret_cast<Pack<float, kWidth>*>(v)[i] = vp;
+  }
+  const int64_t tail = packs * kWidth + first;
+  if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c);
+}
+
+bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+int multiprocessors() {
+  int device = 0, count = 1;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
+  return count;
+}
+
+// Queues adamw_kernel with packs of 4 where all four pointers are aligned to a pack, one element at a time where
+// one is not (a view that starts mid-pack).
+template <typename T>
+const char* launch_adamw_as(T* p, const T* g, float* m, float* v, int64_t numel, const Coefficients& c,
+                            cudaStream_t stream) {
+  constexpr int kWidth = 4;
+  const bool packed = aligned(p, sizeof(T) * kWidth) && aligned(g, sizeof(T) * kWidth) &&
+                      aligned(m, sizeof(float) * kWidth) && aligned(v, sizeof(float) * kWidth);
+  const LaunchShape shape = launch_shape(numel, packed ? kWidth : 1, multiprocessors());
+  if (shape.blocks == 0) return nullptr;
+  if (packed) {
+    adamw_kernel<T, kWidth><<<static_cast<unsigned>(shape.blocks), shape.threads, 0, stream>>>(p, g, m, v, numel, c);
+  } else {
+    adamw_kernel<T, 1><<<static_cast<unsigned>(shape.blocks), shape.threads, 0, stream>>>(p, g, m, v, numel, c);
+  }
+  const cudaError_t error = cudaGetLastError();  // a launch failure (bad configuration, no kernel image)
+  return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
+}
+
+}  // namespace
+
+const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_avg, float* exp_avg_sq, int64_t numel,
+                         const AdamWHyper& hyper, int64_t step, void* stream) {
+  const Coefficients c = coefficients(hyper, step);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case Dtype::Float32:
+      return launch_adamw_as(static_cast<float*>(param), static_cast<const float*>(grad), exp_avg, exp_avg_sq, numel,
+                             c, s);
+    case Dtype::BFloat16:
+      return launch_adamw_as(static_cast<__nv_bfloat16*>(param), static_cast<const __nv_bfloat16*>(grad), exp_avg,
+                             exp_avg_sq, numel, c, s);
+    case Dtype::Float16:
+      return launch_adamw_as(static_cast<__half*>(param), static_cast<const __half*>(grad), exp_avg, exp_avg_sq,
+                             numel, c, s);
+  }
+  return "launch_adamw: unknown dtype";
+}
+// [cuda_kernel]
+
+// [cuda_unscale]
+namespace {
+
+// Multiplies by *inv_scale unless it is 1 (as ATen's kernel does) and flags any inf or NaN read. Every thread
+// that finds one writes the same 1.0f to found_inf: no atomic is needed for a store that all agree on.
+template <typename T, int kWidth>
+__global__ void unscale_kernel(T* g, int64_t numel, float* found_inf, const float* inv_scale) {
+  const float inv = *inv_scale;
+  const int64_t packs = numel / kWidth;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  bool non_finite = false;
+  for (int64_t i = first; i < packs; i += stride) {
+    Pack<T, kWidth> pack = reinterpret_cast<Pack<T, kWidth>*>(g)[i];
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      const float x = to_float(pack.x[k]);
+      non_finite = non_finite || !isfinite(x);
+      pack.x[k] = from_float<T>(x * inv);
+    }
+    if (inv != 1.0f) reinterpret_cast<Pack<T, kWidth>*>(g)[i] = pack;
+  }
+  const int64_t tail = packs * kWidth + first;
+  if (tail < numel) {
+    const float x = to_float(g[tail]);
+    non_finite = non_finite || !isfinite(x);
+    if (inv != 1.0f) g[tail] = from_float<T>(x * inv);
+  }
+  if (non_finite) *found_inf = 1.0f;
+}
+
+template <typename T>
+const char* launch_unscale_as(T* g, int64_t numel, float* found_inf, const float* inv_scale, cudaStream_t stream) {
+  constexpr int kWidth = 4;
+  const bool packed = aligned(g, sizeof(T) * kWidth);
+  const LaunchShape shape = launch_shape(numel, packed ? kWidth : 1, multiprocessors());
+  if (shape.blocks == 0) return nullptr;
+  if (packed) {
+    unscale_kernel<T, kWidth><<<static_cast<unsigned>(shape.blocks), shape.threads, 0, stream>>>(g, numel, found_inf,
+                                                                                                 inv_scale);
+  } else {
+    unscale_kernel<T, 1><<<static_cast<unsigned>(shape.blocks), shape.threads, 0, stream>>>(g, numel, found_inf,
+                                                                                            inv_scale);
+  }
+  const cudaError_t error = cudaGetLastError();
+  return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
+}
+
+}  // namespace
+
+const char* launch_unscale(Dtype dtype, void* grad, int64_t numel, float* found_inf, const float* inv_scale,
+                           void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case Dtype::Float32:
+      return launch_unscale_as(static_cast<float*>(grad), numel, found_inf, inv_scale, s);
+    case Dtype::BFloat16:
+      return launch_unscale_as(static_cast<__nv_bfloat16*>(grad), numel, found_inf, inv_scale, s);
+    case Dtype::Float16:
+      return launch_unscale_as(static_cast<__half*>(grad), numel, found_inf, inv_scale, s);
+  }
+  return "launch_unscale: unknown dtype";
+}
+// [cuda_unscale]
+
+}  // namespace cuda
+}  // namespace fusion
