@@ -8,6 +8,7 @@
 #include <iostream>
 #include <string>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/torch.h>
 
 #include "bench/cases.h"
@@ -19,16 +20,22 @@ namespace bench {
 using workshop::fixed;
 
 void lesson6(Context& c) {
-  if (!c.device.is_cpu()) {
-    std::cout << "lesson 6: skipped on " << c.device << ": the fused operator has a CPU kernel only" << std::endl;
+  const bool has_kernel = c.device.is_cpu() || c10::Dispatcher::singleton()
+                                                   .findSchemaOrThrow(fusion::kOpName, "")
+                                                   .hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+  if (!has_kernel) {
+    std::cout << "lesson 6: skipped on " << c.device
+              << ": no CUDA kernel in this build (step 6's kernels need nvcc when Bazel configures @libtorch)"
+              << std::endl;
     return;
   }
+  const torch::TensorOptions on = torch::TensorOptions().device(c.device);
   const int64_t n = c.quick ? (int64_t{1} << 20) : (int64_t{1} << 24);
   const int warmup = 2, repeats = c.quick ? 3 : 10;
   std::cout << "lesson 6: AdamW step over " << n << " float32 elements (" << workshop::mib(4.0 * n) << ")" << std::endl;
   torch::manual_seed(0);
-  const torch::Tensor start = torch::randn({n});
-  const torch::Tensor grad = torch::randn({n});
+  const torch::Tensor start = torch::randn({n}, on);
+  const torch::Tensor grad = torch::randn({n}, on);
   const fusion::AdamWHyper hyper;  // torch::optim::AdamW's defaults (weight decay 1e-2)
 
   torch::Tensor p_torch = start.clone().requires_grad_(true);
@@ -37,10 +44,10 @@ void lesson6(Context& c) {
                                                .betas({hyper.beta1, hyper.beta2})
                                                .eps(hyper.eps)
                                                .weight_decay(hyper.weight_decay));
-  torch::Tensor p_plain = start.clone(), m_plain = torch::zeros({n}), v_plain = torch::zeros({n});
-  torch::Tensor p_fused = start.clone(), m_fused = torch::zeros({n}), v_fused = torch::zeros({n});
+  torch::Tensor p_plain = start.clone(), m_plain = torch::zeros({n}, on), v_plain = torch::zeros({n}, on);
+  torch::Tensor p_fused = start.clone(), m_fused = torch::zeros({n}, on), v_fused = torch::zeros({n}, on);
   torch::Tensor p_bf16 = start.to(torch::kBFloat16), g_bf16 = grad.to(torch::kBFloat16);
-  torch::Tensor m_bf16 = torch::zeros({n}), v_bf16 = torch::zeros({n});
+  torch::Tensor m_bf16 = torch::zeros({n}, on), v_bf16 = torch::zeros({n}, on);
   int64_t step_plain = 0, step_fused = 0, step_bf16 = 0;
 
   const fusion::Traffic unfused = fusion::unfused_adamw_traffic(n, torch::kFloat, hyper.weight_decay != 0);

@@ -4,6 +4,7 @@
 //   bazel run //lesson6_fusion:demo -- --quick            (4 MiB per tensor, a few seconds)
 //   bazel run //lesson6_fusion:demo                        (64 MiB per tensor)
 //   bazel run //lesson6_fusion:demo -- --csv_dir=/tmp/l6   (also writes the table as CSV)
+//   bazel run //lesson6_fusion:demo -- --device=cuda      (step 6: the CUDA kernels, on a GPU)
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
@@ -43,7 +45,7 @@ struct Variant {
 
 int run(int argc, char** argv) {
   const workshop::Flags flags(argc, argv,
-                              {{"device", "cpu (the only kernel so far; a CUDA kernel is not written yet)"},
+                              {{"device", "cpu, cuda or best (cuda: step 6's kernels, built where nvcc was found)"},
                                {"quick", "small, fast settings (1M floats per tensor)"},
                                {"csv_dir", "write the table as CSV here and append the summary"},
                                {"numel", "elements per tensor (default 16777216 = 64 MiB of float32; quick 1M)"},
@@ -53,7 +55,12 @@ int run(int argc, char** argv) {
                                {"small", "elements per tensor in the many-parameters table (default 4096)"}});
   const bool quick = flags.has("quick");
   const c10::Device device = workshop::parse_device(flags.get("device", "cpu"));
-  TORCH_CHECK(device.is_cpu(), "lesson 6 demo: the fused operator has a CPU kernel only (CUDA: not written yet)");
+  TORCH_CHECK(device.is_cpu() || c10::Dispatcher::singleton()
+                                     .findSchemaOrThrow(fusion::kOpName, "")
+                                     .hasKernelForDispatchKey(c10::DispatchKey::CUDA),
+              "lesson 6 demo: workshop::fused_adamw_ has no CUDA kernel in this build (step 6's kernels are built "
+              "where LibTorch has CUDA and Bazel found nvcc)");
+  const torch::TensorOptions on = torch::TensorOptions().device(device);  // float32 on the demo's device
   const int64_t n = flags.get_int("numel", quick ? (int64_t{1} << 20) : (int64_t{1} << 24));
   const int rounds = static_cast<int>(flags.get_int("rounds", 3));
   const int repeats = static_cast<int>(flags.get_int("repeats", 5));
@@ -66,15 +73,15 @@ int run(int argc, char** argv) {
             << " rounds x " << repeats << " timed calls per variant (median of all), variants interleaved\n\n";
 
   torch::manual_seed(0);
-  const torch::Tensor start = torch::randn({n});
-  const torch::Tensor grad = torch::randn({n});
+  const torch::Tensor start = torch::randn({n}, on);
+  const torch::Tensor grad = torch::randn({n}, on);
   fusion::AdamWHyper hyper;  // torch::optim::AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 1e-2
 
   // Each variant owns its parameter and state, so that the step counters stay honest.
-  torch::Tensor p_fused = start.clone(), m_fused = torch::zeros({n}), v_fused = torch::zeros({n});
-  torch::Tensor p_plain = start.clone(), m_plain = torch::zeros({n}), v_plain = torch::zeros({n});
+  torch::Tensor p_fused = start.clone(), m_fused = torch::zeros({n}, on), v_fused = torch::zeros({n}, on);
+  torch::Tensor p_plain = start.clone(), m_plain = torch::zeros({n}, on), v_plain = torch::zeros({n}, on);
   torch::Tensor p_bf16 = start.to(torch::kBFloat16), g_bf16 = grad.to(torch::kBFloat16);
-  torch::Tensor m_bf16 = torch::zeros({n}), v_bf16 = torch::zeros({n});
+  torch::Tensor m_bf16 = torch::zeros({n}, on), v_bf16 = torch::zeros({n}, on);
   torch::Tensor p_torch = start.clone().requires_grad_(true);
   p_torch.mutable_grad() = grad.clone();
   torch::optim::AdamW optimizer({p_torch}, torch::optim::AdamWOptions(hyper.lr)
@@ -88,21 +95,23 @@ int run(int argc, char** argv) {
   const fusion::Traffic fused16 = fusion::fused_adamw_traffic(n, torch::kBFloat16);
   const fusion::Traffic unfused = fusion::unfused_adamw_traffic(n, torch::kFloat, hyper.weight_decay != 0);
   const int64_t copy_bytes = fused.total() / 2;
-  const torch::Tensor src = torch::rand({copy_bytes / 4});
-  torch::Tensor dst = torch::empty({copy_bytes / 4});
-  torch::Tensor in_place = torch::rand({copy_bytes / 4});
+  const torch::Tensor src = torch::rand({copy_bytes / 4}, on);
+  torch::Tensor dst = torch::empty({copy_bytes / 4}, on);
+  torch::Tensor in_place = torch::rand({copy_bytes / 4}, on);
   const char* src_bytes = static_cast<const char*>(src.data_ptr());
   char* dst_bytes = static_cast<char*>(dst.data_ptr());
 
   std::vector<Variant> variants;
   variants.push_back({"copy_ (ATen)", 1, 2 * copy_bytes, [&] { dst.copy_(src); }, true});
-  variants.push_back({"memcpy (parallel_for)", 1, 2 * copy_bytes,
-                      [&] {
-                        at::parallel_for(0, copy_bytes, 1 << 20, [&](int64_t b, int64_t e) {
-                          std::memcpy(dst_bytes + b, src_bytes + b, static_cast<size_t>(e - b));
-                        });
-                      },
-                      true});
+  if (device.is_cpu()) {
+    variants.push_back({"memcpy (parallel_for)", 1, 2 * copy_bytes,
+                        [&] {
+                          at::parallel_for(0, copy_bytes, 1 << 20, [&](int64_t b, int64_t e) {
+                            std::memcpy(dst_bytes + b, src_bytes + b, static_cast<size_t>(e - b));
+                          });
+                        },
+                        true});
+  }
   // A copy's destination is read before it is written (write-allocate caches), which the napkin does not count;
   // the fused step writes only what it has just read. So a third ceiling: read and write the same bytes in place.
   variants.push_back({"in place (mul_ by 1)", 1, 2 * copy_bytes, [&] { in_place.mul_(1.0); }, true});
@@ -160,11 +169,11 @@ int run(int argc, char** argv) {
   table.emit(csv_dir);
   std::cout << "napkin MiB: bytes read + written if every op streams its operands from memory once (step 1); GB/s "
                "= napkin bytes / median time.\n"
-            << "copy ceiling: the fastest single call of the three copies over all rounds, "
-            << workshop::fixed(ceiling, 2) << " GB/s, copying " << workshop::mib(static_cast<double>(copy_bytes))
+            << "copy ceiling: the fastest single call of the copies over all rounds, " << workshop::fixed(ceiling, 2)
+            << " GB/s, copying " << workshop::mib(static_cast<double>(copy_bytes))
             << " (the fused step's bytes: half read, half written); of copy ceiling: a row's median rate against it, "
                "'suspect' where the median beats it (the napkin then over-counts, e.g. tensors in cache).\n"
-            << "allocated: peak bytes one call allocates (counting CPU allocator): the unfused step's two "
+            << "allocated: peak bytes one call allocates (the device's counting allocator): the unfused step's two "
                "temporaries.\n";
 
   // The same number of elements as many small parameters, as a model has them: one multi-tensor call against one
@@ -173,13 +182,13 @@ int run(int argc, char** argv) {
   const int64_t count = std::max<int64_t>(1, n / small);
   std::vector<torch::Tensor> grads_many, ps_multi, ms_multi, vs_multi, ps_loop, ms_loop, vs_loop, ps_torch;
   for (int64_t i = 0; i < count; ++i) {
-    const torch::Tensor p0 = torch::randn({small});
-    grads_many.push_back(torch::randn({small}));
+    const torch::Tensor p0 = torch::randn({small}, on);
+    grads_many.push_back(torch::randn({small}, on));
     ps_multi.push_back(p0.clone());
     ps_loop.push_back(p0.clone());
     ps_torch.push_back(p0.clone().requires_grad_(true));
     ps_torch.back().mutable_grad() = grads_many.back().clone();
-    for (auto* state : {&ms_multi, &vs_multi, &ms_loop, &vs_loop}) state->push_back(torch::zeros({small}));
+    for (auto* state : {&ms_multi, &vs_multi, &ms_loop, &vs_loop}) state->push_back(torch::zeros({small}, on));
   }
   torch::optim::AdamW optimizer_many(ps_torch, torch::optim::AdamWOptions(hyper.lr)
                                                    .betas({hyper.beta1, hyper.beta2})

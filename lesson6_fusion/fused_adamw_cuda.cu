@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include <cuda_bf16.h>   // __nv_bfloat16, __bfloat162float, __float2bfloat16_rn
-#include <cuda_fp16.h>   // __half, __half2float, __float2half_rn
+#include <cuda_bf16.h>     // __nv_bfloat16, __bfloat162float, __float2bfloat16_rn
+#include <cuda_fp16.h>     // __half, __half2float, __float2half_rn
 #include <cuda_runtime.h>  // cudaStream_t, cudaGetLastError, cudaDeviceGetAttribute
 
 namespace fusion {

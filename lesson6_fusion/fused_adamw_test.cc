@@ -708,10 +708,10 @@ TEST_CASE("[step6] launch_shape: a thread per pack, blocks rounded up, at most 4
   const fusion::cuda::LaunchShape none = launch_shape(0, 4, 132);
   CHECK(none.blocks == 0);
   CHECK(none.threads == 256);
-  CHECK(launch_shape(1, 4, 132).blocks == 1);        // one partial pack still needs a block
-  CHECK(launch_shape(1024, 4, 132).blocks == 1);     // 256 packs: one block of 256 threads
-  CHECK(launch_shape(1025, 4, 132).blocks == 2);     // 257 packs (the last partial): a second block
-  CHECK(launch_shape(1025, 1, 132).blocks == 5);     // one element per pack
+  CHECK(launch_shape(1, 4, 132).blocks == 1);     // one partial pack still needs a block
+  CHECK(launch_shape(1024, 4, 132).blocks == 1);  // 256 packs: one block of 256 threads
+  CHECK(launch_shape(1025, 4, 132).blocks == 2);  // 257 packs (the last partial): a second block
+  CHECK(launch_shape(1025, 1, 132).blocks == 5);  // one element per pack
   CHECK(launch_shape(8192, 8, 132).blocks == 4);
   CHECK(launch_shape(int64_t{1} << 26, 4, 132).blocks == 528);  // 64 Mi elements: the cap, 132 x 4
   CHECK(launch_shape(int64_t{1} << 40, 1, 1).blocks == 4);
@@ -745,8 +745,9 @@ namespace {
 // The GPU cases need the kernels in the binary: Bazel builds them where LibTorch has CUDA and nvcc was found.
 void require_cuda_kernels() {
   if (!WORKSHOP_CUDA_KERNELS) {
-    FAIL("step 6's CUDA kernels are not in this build: Bazel found no nvcc (or no libcudart) when it configured "
-         "@libtorch. Install the CUDA toolkit or set NVCC=/path/to/nvcc, then `bazel sync --configure`.");
+    FAIL(
+        "step 6's CUDA kernels are not in this build: Bazel found no nvcc (or no libcudart) when it configured "
+        "@libtorch. Install the CUDA toolkit or set NVCC=/path/to/nvcc, then `bazel sync --configure`.");
   }
 }
 
@@ -823,7 +824,9 @@ GPU_TEST_CASE("[step6] CUDA: every size and alignment gives the CPU operator's r
         }
         // float32 arithmetic on both sides; a 16-bit parameter may round the other way where the two float32
         // results straddle a rounding boundary: one unit in the last place.
-        const double ulp = dtype == torch::kFloat ? 0 : (dtype == torch::kBFloat16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10));
+        const double ulp = dtype == torch::kFloat      ? 0.0
+                           : dtype == torch::kBFloat16 ? std::ldexp(1.0, -7)
+                                                       : std::ldexp(1.0, -10);
         const torch::Tensor p_cpu = cpu.param.to(torch::kFloat), p_gpu = gpu.param.cpu().to(torch::kFloat);
         CHECK(((p_gpu - p_cpu).abs() <= p_cpu.abs() * ulp + 1e-6 * p_cpu.abs().max()).all().item<bool>());
         CHECK(rel_error({gpu.exp_avg.cpu()}, {cpu.exp_avg}) <= 1e-5);

@@ -29,17 +29,17 @@ void* stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.
 void adamw_one(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                const AdamWHyper& hyper, int64_t step) {
   if (param.numel() == 0) return;
-  const char* error = cuda::launch_adamw(cuda_dtype(param), param.data_ptr(), grad.data_ptr(),
-                                         exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), param.numel(),
-                                         hyper, step, stream_of(param));
+  const char* error =
+      cuda::launch_adamw(cuda_dtype(param), param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr<float>(),
+                         exp_avg_sq.data_ptr<float>(), param.numel(), hyper, step, stream_of(param));
   TORCH_CHECK(error == nullptr, "fused_adamw_ (CUDA): ", error);
 }
 
-void fused_adamw_cuda(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
-                      double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+void fused_adamw_cuda(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
+                      double beta1, double beta2, double eps, double weight_decay, int64_t step) {
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
   check_adamw_args(param, grad, exp_avg, exp_avg_sq, hyper, step);  // step 3, the same rules on every device
-  const c10::cuda::CUDAGuard device(param.device());                 // launch on the tensors' GPU
+  const c10::cuda::CUDAGuard device(param.device());                // launch on the tensors' GPU
   adamw_one(param, grad, exp_avg, exp_avg_sq, hyper, step);
 }
 

@@ -26,7 +26,7 @@ struct LaunchShape {
   int threads = 0;
 };
 
-constexpr int kThreadsPerBlock = 256;  ///< threads per block of every kernel of the lesson
+constexpr int kThreadsPerBlock = 256;        ///< threads per block of every kernel of the lesson
 constexpr int kBlocksPerMultiprocessor = 4;  ///< the grid stops growing at this many blocks per multiprocessor
 
 /// Step 6. The launch shape for `numel` elements read `vector_width` at a time on a GPU with `multiprocessors`

@@ -26,6 +26,9 @@ class ConventionError(ValueError):
     """A lesson file breaks one of the course's conventions (the message names the file and line)."""
 
 
+# The files of a lesson that hold its code (a learner may edit any of them; lesson 6 has a CUDA file).
+SOURCE_SUFFIXES = (".cc", ".h", ".cu")
+
 Step = collections.namedtuple("Step", "number title anchor line")
 Marker = collections.namedtuple("Marker", "tag first last")  # line indices (0-based) of the two marker lines
 

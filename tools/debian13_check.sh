@@ -180,13 +180,23 @@ in_root "cd /work/checkout && bazel ${bazel_args[*]}" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 if [[ $variant == cuda && $status -eq 0 && ${bazel_args[0]} == build ]]; then
   # Every binary linked against the CUDA LibTorch: list what was built and check that each one needs it.
-  in_root 'cd /work/checkout && for b in $(find -L .bazel/bin -maxdepth 3 -type f -perm -u+x ! -name "*.sh" ! -name "*.py" ! -name "*.so" ! -path "*runfiles*" ! -name "*.params" 2>/dev/null); do
+  in_root 'cd /work/checkout && for b in $(find -L .bazel/bin -maxdepth 3 -type f -perm -u+x ! -name "*.sh" ! -name "*.py" ! -name "*.so" ! -name "*.o" ! -path "*runfiles*" ! -name "*.params" 2>/dev/null); do
              if file "$b" 2>/dev/null | grep -q ELF || head -c4 "$b" | grep -q ELF; then
                if readelf -d "$b" 2>/dev/null | grep -q "libtorch_cuda.so"; then echo "  linked with libtorch_cuda: $b"; else echo "  NOT linked with libtorch_cuda: $b"; fi
              fi
            done' | tee "$cache/cuda-binaries.txt"
   if grep -q "NOT linked" "$cache/cuda-binaries.txt"; then say "some binaries do not link libtorch_cuda"; status=1; fi
   say "$(grep -c '^  linked with libtorch_cuda' "$cache/cuda-binaries.txt") binaries linked against Debian's CUDA LibTorch"
+  # Lesson 6's CUDA kernels (nvcc, tools/cuda.bzl): in the skeleton's and the solution's library, with device
+  # code (a .nv_fatbin section), linked against the CUDA runtime.
+  for lib in liblesson6_Ufusion_Slibfusion.so libsolutions_Slesson6_Ufusion_Slibfusion.so; do
+    if in_root "cd /work/checkout && f=.bazel/bin/_solib_k8/$lib && readelf -S \$f | grep -q nv_fatbin &&
+                readelf -d \$f | grep -q 'libcudart.so' && nm -DC --defined-only \$f | grep -q 'fusion::cuda::launch_adamw'"; then
+      say "$lib: CUDA kernels compiled by nvcc (device code, libcudart, fusion::cuda::launch_adamw)"
+    else
+      say "$lib: no CUDA kernels (nvcc not used?)"; status=1
+    fi
+  done
 fi
 phase "done: bazel exit status $status"
 exit "$status"

@@ -35,7 +35,7 @@ def find_clang_format():
 
 
 def main():
-    style, files = sys.argv[1], [f for f in sys.argv[2:] if f.endswith((".cc", ".h"))]
+    style, files = sys.argv[1], [f for f in sys.argv[2:] if f.endswith((".cc", ".h", ".cu"))]
     if not files:
         sys.exit("format_check: no C++ files given")
     binary, found = find_clang_format()

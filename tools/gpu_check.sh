@@ -48,6 +48,14 @@ else
 fi
 bazel+=(--output_base="${BAZEL_OUTPUT_BASE:-/tmp/gpu_check_bazel}")
 say "bazel: $("${bazel[@]}" --version 2>/dev/null | tail -1)"
+# Lesson 6's CUDA kernels: nvcc for this machine's GPU (NVCC_FLAGS reaches tools/cuda.bzl through @libtorch).
+nvcc=$(command -v nvcc || { [[ -x /usr/local/cuda/bin/nvcc ]] && echo /usr/local/cuda/bin/nvcc; } || true)
+if [[ -n $nvcc ]]; then
+  say "nvcc: $nvcc ($("$nvcc" --version | tail -2 | head -1))"
+  [[ $kind == cuda ]] && export NVCC_FLAGS=${NVCC_FLAGS:--arch=native}
+else
+  say "no nvcc: lesson 6's CUDA kernels are not built and its GPU cases fail"
+fi
 jobs=$(( $(nproc) > 2 ? $(nproc) : 2 ))
 flags=(--jobs="$jobs" --local_ram_resources=HOST_RAM*.8)
 
@@ -69,8 +77,8 @@ fi
 # ---- demos and benchmarks --------------------------------------------------------------------------------
 csv=$(mktemp -d)
 : > "$out/demos.log"
-for demo in //lesson1_amp:demo //lesson2_accumulation:demo //lesson3_profiling:demo //lesson4_memory:demo \
-    //lesson5_distributed:demo; do
+for dir in lesson*_*/; do  # every lesson's demo, lesson 6's CUDA kernels included
+  demo=//${dir%/}:demo
   say "running $demo --device=$kind"
   extra=()
   [[ $kind == best ]] && extra=(--quick)

@@ -63,7 +63,7 @@ def run_tests(binary):
 
 
 def sources(folder):
-    return [p for p in glob.glob(os.path.join(folder, "*")) if p.endswith((".cc", ".h"))]
+    return [p for p in glob.glob(os.path.join(folder, "*")) if p.endswith(conventions.SOURCE_SUFFIXES)]
 
 
 def throws_with_calls(text):

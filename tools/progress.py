@@ -156,7 +156,7 @@ def todos(lesson, root, step):
     marker = "TODO(lesson%d, step %d)" % (lesson["number"], step)
     folder = os.path.join(root, lesson["dir"])
     for name in sorted(os.listdir(folder)):
-        if not name.endswith((".cc", ".h")) or name.endswith("_test.cc") or name == "demo.cc":
+        if not name.endswith(conventions.SOURCE_SUFFIXES) or name.endswith("_test.cc") or name == "demo.cc":
             continue
         path = os.path.join(folder, name)
         lines = read(path).splitlines()

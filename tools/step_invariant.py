@@ -103,7 +103,7 @@ def learner_files(lesson, root):
     out = []
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
-        if name.endswith((".cc", ".h")) and not name.endswith("_test.cc") and \
+        if name.endswith(conventions.SOURCE_SUFFIXES) and not name.endswith("_test.cc") and \
                 conventions.todos(read(path), lesson["number"], path):
             out.append(os.path.join(lesson["dir"], name))
     return out

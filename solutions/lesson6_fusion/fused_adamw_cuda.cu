@@ -138,14 +138,14 @@ const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case Dtype::Float32:
-      return launch_adamw_as(static_cast<float*>(param), static_cast<const float*>(grad), exp_avg, exp_avg_sq, numel,
-                             c, s);
+      return launch_adamw_as(static_cast<float*>(param), static_cast<const float*>(grad), exp_avg, exp_avg_sq, numel, c,
+                             s);
     case Dtype::BFloat16:
       return launch_adamw_as(static_cast<__nv_bfloat16*>(param), static_cast<const __nv_bfloat16*>(grad), exp_avg,
                              exp_avg_sq, numel, c, s);
     case Dtype::Float16:
-      return launch_adamw_as(static_cast<__half*>(param), static_cast<const __half*>(grad), exp_avg, exp_avg_sq,
-                             numel, c, s);
+      return launch_adamw_as(static_cast<__half*>(param), static_cast<const __half*>(grad), exp_avg, exp_avg_sq, numel,
+                             c, s);
   }
   return "launch_adamw: unknown dtype";
 }
@@ -189,11 +189,11 @@ const char* launch_unscale_as(T* g, int64_t numel, float* found_inf, const float
   const LaunchShape shape = launch_shape(numel, packed ? kWidth : 1, multiprocessors());
   if (shape.blocks == 0) return nullptr;
   if (packed) {
-    unscale_kernel<T, kWidth><<<static_cast<unsigned>(shape.blocks), shape.threads, 0, stream>>>(g, numel, found_inf,
-                                                                                                 inv_scale);
+    unscale_kernel<T, kWidth>
+        <<<static_cast<unsigned>(shape.blocks), shape.threads, 0, stream>>>(g, numel, found_inf, inv_scale);
   } else {
-    unscale_kernel<T, 1><<<static_cast<unsigned>(shape.blocks), shape.threads, 0, stream>>>(g, numel, found_inf,
-                                                                                            inv_scale);
+    unscale_kernel<T, 1>
+        <<<static_cast<unsigned>(shape.blocks), shape.threads, 0, stream>>>(g, numel, found_inf, inv_scale);
   }
   const cudaError_t error = cudaGetLastError();
   return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
