@@ -64,7 +64,7 @@ void scaler(Context& c) {
     if (path.kernels == amp::KernelPath::kFused && amp::fused_unscale_kernel(c.device.type()).empty()) {
       row.unavailable = "not available in LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." +
                         std::to_string(TORCH_VERSION_MINOR) + " on " + c.device.str() +
-                        " (ATen's CPU kernels arrived in 2.3; lesson 6's operator has a CPU kernel only)";
+                        " (ATen's CPU kernels arrived in 2.3)";
       c.scaler_rows.push_back(row);
       continue;
     }

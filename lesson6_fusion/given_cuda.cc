@@ -70,9 +70,11 @@ void fused_unscale_cuda(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, 
 }  // namespace
 }  // namespace fusion
 
+// [register_cuda]
 // The CUDA kernels behind the names your TORCH_LIBRARY defined: the dispatcher picks them for CUDA tensors.
 TORCH_LIBRARY_IMPL(workshop, CUDA, m) {
   m.impl("fused_adamw_", TORCH_FN(fusion::fused_adamw_cuda));
   m.impl("fused_adamw_multi_", TORCH_FN(fusion::fused_adamw_multi_cuda));
   m.impl("fused_unscale_", TORCH_FN(fusion::fused_unscale_cuda));
 }
+// [register_cuda]

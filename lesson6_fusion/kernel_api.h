@@ -33,9 +33,10 @@ constexpr int kBlocksPerMultiprocessor = 4;  ///< the grid stops growing at this
 /// streaming multiprocessors: kThreadsPerBlock threads per block, and enough blocks for one pack per thread
 /// (the last pack may be partial), but at most kBlocksPerMultiprocessor blocks per multiprocessor: past that the
 /// GPU is full, and each thread loops over more packs instead (the grid-stride loop). numel 0: zero blocks.
-/// Throws c10::Error (it is C++ code, fused_adamw.cc) "launch_shape: numel must be >= 0",
-/// "launch_shape: vector_width must be 1, 2, 4 or 8", "launch_shape: multiprocessors must be >= 1"
-/// (each with the value it got).
+/// Throws c10::Error (it is C++ code, fused_adamw.cc), each message ending with the value it got:
+///   "launch_shape: numel must be >= 0, got -1"
+///   "launch_shape: vector_width must be 1, 2, 4 or 8, got 3"
+///   "launch_shape: multiprocessors must be >= 1, got 0"
 LaunchShape launch_shape(int64_t numel, int vector_width, int multiprocessors);
 
 /// The element types the CUDA kernels take (the parameter's and the gradient's; the state is float32).

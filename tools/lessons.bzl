@@ -51,8 +51,8 @@ LESSONS = [
         number = 6,
         dir = "lesson6_fusion",
         title = "Fused kernels",
-        learn = "napkin math of a memory-bound step, a fused AdamW with at::parallel_for and Vectorized, TORCH_LIBRARY operators, the scaler's fused unscale",
-        need = "CPU (a CUDA kernel is not written yet)",
+        learn = "napkin math of a memory-bound step, a fused AdamW with at::parallel_for and Vectorized, TORCH_LIBRARY operators, the scaler's fused unscale, grid-stride CUDA kernels",
+        need = "CPU for steps 1-5; a GPU and nvcc for step 6's kernels",
         tests = ["fused_adamw_test"],
     ),
 ]
