@@ -40,10 +40,7 @@ void lesson6(Context& c) {
 
   torch::Tensor p_torch = start.clone().requires_grad_(true);
   p_torch.mutable_grad() = grad.clone();
-  torch::optim::AdamW optimizer({p_torch}, torch::optim::AdamWOptions(hyper.lr)
-                                               .betas({hyper.beta1, hyper.beta2})
-                                               .eps(hyper.eps)
-                                               .weight_decay(hyper.weight_decay));
+  torch::optim::AdamW optimizer({p_torch}, fusion::adamw_options(hyper));
   torch::Tensor p_plain = start.clone(), m_plain = torch::zeros({n}, on), v_plain = torch::zeros({n}, on);
   torch::Tensor p_fused = start.clone(), m_fused = torch::zeros({n}, on), v_fused = torch::zeros({n}, on);
   torch::Tensor p_bf16 = start.to(torch::kBFloat16), g_bf16 = grad.to(torch::kBFloat16);

@@ -84,10 +84,7 @@ int run(int argc, char** argv) {
   torch::Tensor m_bf16 = torch::zeros({n}, on), v_bf16 = torch::zeros({n}, on);
   torch::Tensor p_torch = start.clone().requires_grad_(true);
   p_torch.mutable_grad() = grad.clone();
-  torch::optim::AdamW optimizer({p_torch}, torch::optim::AdamWOptions(hyper.lr)
-                                               .betas({hyper.beta1, hyper.beta2})
-                                               .eps(hyper.eps)
-                                               .weight_decay(hyper.weight_decay));
+  torch::optim::AdamW optimizer({p_torch}, fusion::adamw_options(hyper));
   int64_t step_fused = 0, step_plain = 0, step_bf16 = 0;
 
   // The ceiling: copy as many bytes as the fused float32 step moves (read half, write half).
@@ -190,10 +187,7 @@ int run(int argc, char** argv) {
     ps_torch.back().mutable_grad() = grads_many.back().clone();
     for (auto* state : {&ms_multi, &vs_multi, &ms_loop, &vs_loop}) state->push_back(torch::zeros({small}, on));
   }
-  torch::optim::AdamW optimizer_many(ps_torch, torch::optim::AdamWOptions(hyper.lr)
-                                                   .betas({hyper.beta1, hyper.beta2})
-                                                   .eps(hyper.eps)
-                                                   .weight_decay(hyper.weight_decay));
+  torch::optim::AdamW optimizer_many(ps_torch, fusion::adamw_options(hyper));
   int64_t step_multi = 0, step_loop = 0;
   const int64_t many_bytes = fusion::fused_adamw_traffic(count * small, torch::kFloat).total();
   std::vector<Variant> many;

@@ -18,6 +18,11 @@
 namespace at {
 class Tensor;
 }  // namespace at
+namespace torch {
+namespace optim {
+struct AdamWOptions;
+}  // namespace optim
+}  // namespace torch
 
 namespace fusion {
 
@@ -155,6 +160,9 @@ void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector
 
 /// Calls workshop::fused_unscale_ through the dispatcher, found by name.
 void fused_unscale_(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
+
+/// torch::optim::AdamW's options for these hyper-parameters: the oracle of the checks, the demo and the bench.
+torch::optim::AdamWOptions adamw_options(const AdamWHyper& hyper);
 
 /// The unfused step, one ATen op at a time, in torch::optim::AdamW's order (the baseline the lesson fuses):
 ///   p.mul_(1 - lr * wd)                       (only when wd != 0)

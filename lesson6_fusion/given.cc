@@ -6,6 +6,7 @@
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/optim/adamw.h>
 
 #include "lesson6_fusion/fused_adamw.h"
 
@@ -42,6 +43,13 @@ void fused_unscale_(const std::vector<at::Tensor>& grads, at::Tensor& found_inf,
                              .typed<void(at::TensorList, at::Tensor&, const at::Tensor&)>();
   at::NoGradGuard no_grad;
   op.call(grads, found_inf, inv_scale);
+}
+
+torch::optim::AdamWOptions adamw_options(const AdamWHyper& hyper) {
+  return torch::optim::AdamWOptions(hyper.lr)
+      .betas({hyper.beta1, hyper.beta2})
+      .eps(hyper.eps)
+      .weight_decay(hyper.weight_decay);
 }
 
 void unfused_adamw_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,

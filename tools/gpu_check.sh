@@ -3,6 +3,7 @@
 #
 #   OUT=/some/folder bash tools/gpu_check.sh            # on the GPU machine
 #   ALLOW_CPU=1 OUT=/tmp/cpu_check bash tools/gpu_check.sh   # rehearsal on a CPU machine
+#   GPU_MUTANTS=1 OUT=... bash tools/gpu_check.sh        # also lesson 6's CUDA-kernel mutants (+ about 3 min)
 #
 # It builds the repository against the CUDA LibTorch inside the installed PyTorch (or $LIBTORCH), runs the
 # reference solutions' checks with every GPU case (none may be skipped), the lesson demos on CUDA and the
@@ -94,5 +95,14 @@ extra=()
 command -v python3 >/dev/null && extra+=(--peer_python="$(command -v python3)")
 "${bazel[@]}" run "${flags[@]}" //bench -- --device="$kind" --out_dir="$out" "${extra[@]}" >> "$out/demos.log" 2>&1 \
   || { say "FAIL: //bench"; status=1; }
+# ---- optional: lesson 6's GPU mutants (bugs in the CUDA kernels; each one rebuilds lesson 6, about 30 s) -------
+if [[ ${GPU_MUTANTS:-0} == 1 && $kind == cuda ]]; then
+  say "lesson 6's GPU mutants (tools/mutants/run.sh --gpu 'l6_gpu_*')"
+  wrapper=$(mktemp)
+  printf '#!/bin/sh\nexec %s "$@"\n' "${bazel[*]}" > "$wrapper" && chmod +x "$wrapper"
+  BAZEL=$wrapper MUTANTS_OUT=$out/mutants.txt bash tools/mutants/run.sh --gpu 'l6_gpu_*' >> "$out/demos.log" 2>&1 \
+    || { say "FAIL: a GPU mutant survived or the runner failed (see demos.log)"; status=1; }
+  rm -f "$wrapper"
+fi
 say "done, status $status; results in $out"
 exit $status

@@ -19,7 +19,7 @@ struct Coefficients {
   float decay;  // 1 - lr * weight_decay
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
-  float sqrt_bias_correction2;
+  float inv_sqrt_bias_correction2;  // ATen's CUDA division by a scalar multiplies by its float reciprocal
   float eps;
   float neg_step_size;  // -lr / bias_correction1
   bool apply_decay;
@@ -34,7 +34,7 @@ Coefficients coefficients(const AdamWHyper& h, int64_t step) {
   c.one_minus_beta1 = static_cast<float>(1 - h.beta1);
   c.beta2 = static_cast<float>(h.beta2);
   c.one_minus_beta2 = static_cast<float>(1 - h.beta2);
-  c.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
+  c.inv_sqrt_bias_correction2 = 1.0f / static_cast<float>(std::sqrt(bias_correction2));
   c.eps = static_cast<float>(h.eps);
   c.neg_step_size = static_cast<float>(-h.lr / bias_correction1);
   c.apply_decay = h.weight_decay != 0;
@@ -67,16 +67,22 @@ struct alignas(sizeof(T) * kWidth) Pack {
   T x[kWidth];
 };
 
-// One element, in torch::optim::AdamW's order (step 2's loop body, one lane).
+// One element, in torch::optim::AdamW's order (step 2's loop body, one lane), rounded as ATen's CUDA kernels
+// round when torch::optim::AdamW runs on a GPU: add_(g, alpha), addcmul_ and addcdiv_ end in one fused
+// multiply-add (fmaf: a*b + c rounded once), and `tensor / scalar` multiplies by the scalar's reciprocal. The
+// _rn intrinsics are single roundings that nvcc may not fuse into anything else, so the order is pinned.
 template <typename T>
 __device__ void update(T& p, T g, float& m, float& v, const Coefficients& c) {
   float param = to_float(p);
   const float grad = to_float(g);
-  if (c.apply_decay) param = param * c.decay;
-  m = m * c.beta1 + c.one_minus_beta1 * grad;
-  v = v * c.beta2 + c.one_minus_beta2 * grad * grad;
-  const float denom = sqrtf(v) / c.sqrt_bias_correction2 + c.eps;
-  param = param + c.neg_step_size * m / denom;
+  // p.mul_(decay)
+  if (c.apply_decay) param = __fmul_rn(param, c.decay);
+  // m.mul_(beta1).add_(g, 1 - beta1) and v.mul_(beta2).addcmul_(g, g, 1 - beta2)
+  m = fmaf(c.one_minus_beta1, grad, __fmul_rn(m, c.beta1));
+  v = fmaf(c.one_minus_beta2, __fmul_rn(grad, grad), __fmul_rn(v, c.beta2));
+  // (v.sqrt() / sqrt(bias_correction2)).add_(eps), then p.addcdiv_(m, denom, -step_size)
+  const float denom = __fadd_rn(__fmul_rn(sqrtf(v), c.inv_sqrt_bias_correction2), c.eps);
+  param = fmaf(c.neg_step_size, __fdiv_rn(m, denom), param);
   p = from_float<T>(param);
 }
 

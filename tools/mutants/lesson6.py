@@ -141,3 +141,31 @@ MUTANTS = [
      "  TORCH_CHECK(vector_width > 0,",
      "a vector width that is not a load size (3) is accepted"),
 ]
+
+L6_CUDA = "solutions/lesson6_fusion/fused_adamw_cuda.cu"
+
+# Step 6's kernels: caught only where the GPU cases run (tools/mutants/mutants.py --gpu; on a CPU machine every
+# one of them would survive, the GPU cases being skipped).
+GPU_MUTANTS = [
+    ("l6_gpu_tail_skipped", L6_CUDA,
+     "  if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c);\n",
+     "",
+     "the elements after the last whole pack are never updated"),
+    ("l6_gpu_packs_unaligned", L6_CUDA,
+     "  const bool packed = aligned(p, sizeof(T) * kWidth) && aligned(g, sizeof(T) * kWidth) &&\n"
+     "                      aligned(m, sizeof(float) * kWidth) && aligned(v, sizeof(float) * kWidth);",
+     "  const bool packed = true;",
+     "16-byte loads from a view that starts mid-pack (a misaligned address)"),
+    ("l6_gpu_bf16_truncates", L6_CUDA,
+     "return __float2bfloat16_rn(x);",
+     "return __float2bfloat16_rz(x);",
+     "bfloat16 parameters written back truncated (round toward zero) instead of rounded to nearest"),
+    ("l6_gpu_no_weight_decay", L6_CUDA,
+     "  if (c.apply_decay) param = __fmul_rn(param, c.decay);\n",
+     "",
+     "the CUDA step forgets the weight decay"),
+    ("l6_gpu_unscale_flag_never_set", L6_CUDA,
+     "  if (non_finite) *found_inf = 1.0f;",
+     "  (void)non_finite;",
+     "the CUDA unscale finds the inf but never writes found_inf"),
+]

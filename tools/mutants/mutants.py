@@ -7,6 +7,7 @@ turns them into unified diffs at run time; nothing it writes is committed:
 
   python3 tools/mutants/mutants.py --out DIR [PATTERN ...]   # one DIR/NN_<name>.patch per selected mutant
   python3 tools/mutants/mutants.py --list                    # the names, one per line
+  python3 tools/mutants/mutants.py --gpu --out DIR ...        # also the GPU_MUTANTS (CUDA kernels; need a GPU)
 
 PATTERN is a shell glob on the mutant's name (`l2_*`, `l1_unscale_*`); none selects all. A mutant whose `old`
 snippet no longer occurs exactly once in its file fails loudly here (exit 1) instead of silently vanishing.
@@ -24,12 +25,14 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 LESSONS = [1, 2, 3, 4, 5, 6]
 
 
-def all_mutants():
-    """[(name, file, old, new, why)] of every lesson, in lesson order."""
+def all_mutants(gpu=False):
+    """[(name, file, old, new, why)] of every lesson, in lesson order; with `gpu`, each lesson's GPU_MUTANTS too
+    (bugs in CUDA kernels, which only a machine that runs the GPU cases can catch)."""
     sys.path.insert(0, HERE)
     out = []
     for n in LESSONS:
-        out += importlib.import_module("lesson%d" % n).MUTANTS
+        module = importlib.import_module("lesson%d" % n)
+        out += module.MUTANTS + (getattr(module, "GPU_MUTANTS", []) if gpu else [])
     return out
 
 
@@ -37,9 +40,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="write the patches into this folder (made if missing)")
     parser.add_argument("--list", action="store_true", help="print the mutants' names")
+    parser.add_argument("--gpu", action="store_true", help="include the GPU_MUTANTS (run them on a GPU machine)")
     parser.add_argument("patterns", nargs="*", help="globs on mutant names (default: all)")
     args = parser.parse_args()
-    mutants = all_mutants()
+    mutants = all_mutants(args.gpu)
     names = [m[0] for m in mutants]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

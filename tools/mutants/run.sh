@@ -4,6 +4,7 @@
 #
 #   tools/mutants/run.sh                      # every mutant of tools/mutants/lesson*.py
 #   tools/mutants/run.sh 'l1_*' l2_amp_no_zero_grad   # some of them (globs on the mutants' names)
+#   tools/mutants/run.sh --gpu 'l6_gpu_*'     # the CUDA kernels' mutants: only on a machine with a GPU
 #
 # Each mutant is a small patch against solutions/ (a plausible bug), written at the start of the run by
 # tools/mutants/mutants.py from the definitions in tools/mutants/lessonN.py into a temporary folder (removed at
