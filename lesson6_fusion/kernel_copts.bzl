@@ -9,10 +9,39 @@ decides that pays. Measured with gcc 12 on the reference solution (objdump of th
                                      to one lane at a time (sqrtss/divss) and the step took 3.5x longer
   + -fvect-cost-model=unlimited:     sqrtps/divps again, whatever else the file holds
 These are gcc flags (the toolchain of Debian 12 and 13).
+
+fusion_library() builds one implementation of the lesson (the learner's or the reference) the same way.
 """
+
+load("//tools:cuda.bzl", "CUDA_KERNELS", "CUDA_LINKOPTS", "cuda_object")
+load("//tools:workshop.bzl", "LEARNER_COPTS")
 
 KERNEL_COPTS = [
     "-O3",
     "-fno-math-errno",
     "-fvect-cost-model=unlimited",
 ]
+
+def fusion_library(name, cc, cu):
+    """The library `name`: the C++ file `cc` (steps 1-6) and, where LibTorch has CUDA and nvcc was found, the
+    CUDA file `cu` compiled by nvcc with the given code that registers its kernels (step 6).
+
+    alwayslink: the operators' registrations (TORCH_LIBRARY) are static objects that nothing refers to by name;
+    without it the linker may drop the object file and the dispatcher never sees the operators.
+    """
+    srcs = [cc]
+    if CUDA_KERNELS:
+        cuda_object(name = name + "_cuda", src = cu, hdrs = ["//lesson6_fusion:kernel_api.h"])
+        srcs += [":" + name + "_cuda", "//lesson6_fusion:given_cuda.cc"]
+    native.cc_library(
+        name = name,
+        srcs = srcs,
+        copts = LEARNER_COPTS + KERNEL_COPTS,
+        linkopts = CUDA_LINKOPTS,
+        alwayslink = True,
+        deps = [
+            "//lesson6_fusion:given",
+            "//lesson6_fusion:headers",
+            "@libtorch",
+        ],
+    )
