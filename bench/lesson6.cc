@@ -8,7 +8,6 @@
 #include <iostream>
 #include <string>
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/torch.h>
 
 #include "bench/cases.h"
@@ -20,10 +19,7 @@ namespace bench {
 using workshop::fixed;
 
 void lesson6(Context& c) {
-  const bool has_kernel = c.device.is_cpu() || c10::Dispatcher::singleton()
-                                                   .findSchemaOrThrow(fusion::kOpName, "")
-                                                   .hasKernelForDispatchKey(c10::DispatchKey::CUDA);
-  if (!has_kernel) {
+  if (!c.device.is_cpu() && !fusion::has_cuda_kernel()) {
     std::cout << "lesson 6: skipped on " << c.device
               << ": no CUDA kernel in this build (step 6's kernels need nvcc when Bazel configures @libtorch)"
               << std::endl;

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include <ATen/Parallel.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
@@ -55,9 +54,7 @@ int run(int argc, char** argv) {
                                {"small", "elements per tensor in the many-parameters table (default 4096)"}});
   const bool quick = flags.has("quick");
   const c10::Device device = workshop::parse_device(flags.get("device", "cpu"));
-  TORCH_CHECK(device.is_cpu() || c10::Dispatcher::singleton()
-                                     .findSchemaOrThrow(fusion::kOpName, "")
-                                     .hasKernelForDispatchKey(c10::DispatchKey::CUDA),
+  TORCH_CHECK(device.is_cpu() || fusion::has_cuda_kernel(),
               "lesson 6 demo: workshop::fused_adamw_ has no CUDA kernel in this build (step 6's kernels are built "
               "where LibTorch has CUDA and Bazel found nvcc)");
   const torch::TensorOptions on = torch::TensorOptions().device(device);  // float32 on the demo's device

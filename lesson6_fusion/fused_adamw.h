@@ -161,6 +161,10 @@ void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector
 /// Calls workshop::fused_unscale_ through the dispatcher, found by name.
 void fused_unscale_(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
 
+/// Whether workshop::fused_adamw_ has a CUDA kernel in this binary (step 6's kernels: built where LibTorch has
+/// CUDA and Bazel found nvcc). The demo and the bench ask before they run on a GPU.
+bool has_cuda_kernel();
+
 /// torch::optim::AdamW's options for these hyper-parameters: the oracle of the checks, the demo and the bench.
 torch::optim::AdamWOptions adamw_options(const AdamWHyper& hyper);
 

@@ -45,6 +45,11 @@ void fused_unscale_(const std::vector<at::Tensor>& grads, at::Tensor& found_inf,
   op.call(grads, found_inf, inv_scale);
 }
 
+bool has_cuda_kernel() {
+  const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(kOpName, ""));
+  return op.has_value() && op->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+}
+
 torch::optim::AdamWOptions adamw_options(const AdamWHyper& hyper) {
   return torch::optim::AdamWOptions(hyper.lr)
       .betas({hyper.beta1, hyper.beta2})
