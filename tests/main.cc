@@ -28,8 +28,12 @@ REGISTER_EXCEPTION_TRANSLATOR(const c10::Error& error) { return doctest::String(
 
 namespace {
 
-// How many test cases the last run's filters let through (a doctest listener sees the run's statistics).
+// How many test cases the last run's filters let through (a doctest listener sees the run's statistics), and how
+// many GPU cases (suite "gpu") started and failed: tools/gpu_check.sh wants proof that a GPU machine ran them.
 unsigned g_selected = 0;
+unsigned g_gpu_started = 0;
+unsigned g_gpu_failed = 0;
+bool g_in_gpu_case = false;
 
 struct SelectionListener : public doctest::IReporter {
   explicit SelectionListener(const doctest::ContextOptions&) {}
@@ -38,9 +42,14 @@ struct SelectionListener : public doctest::IReporter {
   }
   void test_run_start() override {}
   void test_run_end(const doctest::TestRunStats& stats) override { g_selected = stats.numTestCasesPassingFilters; }
-  void test_case_start(const doctest::TestCaseData&) override {}
+  void test_case_start(const doctest::TestCaseData& test) override {
+    g_in_gpu_case = std::strcmp(test.m_test_suite, "gpu") == 0;
+    if (g_in_gpu_case) ++g_gpu_started;
+  }
   void test_case_reenter(const doctest::TestCaseData&) override {}
-  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
+  void test_case_end(const doctest::CurrentTestCaseStats& stats) override {
+    if (g_in_gpu_case && !stats.testCaseSuccess) ++g_gpu_failed;
+  }
   void test_case_exception(const doctest::TestCaseException&) override {}
   void subcase_start(const doctest::SubcaseSignature&) override {}
   void subcase_end() override {}
@@ -103,6 +112,11 @@ int main(int argc, char** argv) {
   doctest::Context context;
   context.applyCommandLine(argc, argv);
   const int result = context.run();
+  if (!quiet && g_gpu_started > 0) {
+    // One line per binary, summed by tools/gpu_check.sh: "[workshop] N GPU case(s) RUN here: P passed, F failed".
+    std::cout << "[workshop] " << g_gpu_started << " GPU case(s) RUN here: " << g_gpu_started - g_gpu_failed
+              << " passed, " << g_gpu_failed << " failed\n";
+  }
   if (query || context.shouldExit() || g_selected > 0) return result;
 
   // Nothing ran. Fine if the filters chose only GPU cases that are skipped on this machine; otherwise a typo

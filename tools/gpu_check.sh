@@ -1,36 +1,62 @@
 #!/usr/bin/env bash
-# The one prepared script for a machine with an NVIDIA GPU (tested on CPU with ALLOW_CPU=1).
+# The one prepared script for a machine with an NVIDIA GPU, rehearsed on a CPU by tools/gpu_rehearsal.sh.
 #
-#   OUT=/some/folder bash tools/gpu_check.sh            # on the GPU machine
-#   ALLOW_CPU=1 OUT=/tmp/cpu_check bash tools/gpu_check.sh   # rehearsal on a CPU machine
-#   GPU_MUTANTS=1 OUT=... bash tools/gpu_check.sh        # also lesson 6's CUDA-kernel mutants (+ about 3 min)
+#   OUT=/some/folder bash tools/gpu_check.sh                 # on the GPU machine
+#   bash tools/gpu_rehearsal.sh                               # the CPU rehearsal: this script, as the GPU machine
+#                                                             # runs it (portable Bazel, LibTorch through python3)
+#   GPU_MUTANTS=1 OUT=... bash tools/gpu_check.sh             # also lesson 6's CUDA-kernel mutants (+ about 3 min)
+#   ALLOW_CPU=1 ...                                           # CPU settings: --device=best, --quick (rehearsal)
 #
 # It builds the repository against the CUDA LibTorch inside the installed PyTorch (or $LIBTORCH), runs the
-# reference solutions' checks with every GPU case (none may be skipped), the lesson demos on CUDA and the
-# benchmarks, and writes into $OUT (at most 8 files, none deeper than $OUT/x/y):
-#   env.txt        device, driver, compiler, PyTorch/LibTorch and Bazel versions
-#   tests.log      the checks' full output;  tests_summary.txt  per-test and GPU-skip summary
-#   demos.log      every demo's printed tables;  csv.tar.gz  their CSV files
+# reference solutions' checks with every GPU case (none may be skipped), every lesson's demo through the tour
+# (recorded) and the benchmarks, and writes into $OUT (8 files at most, the device tool's limit):
+#   env.txt            device, driver, compiler, PyTorch/LibTorch, nvcc and Bazel versions; each phase's time
+#   tests.log          the checks' full output;  tests_summary.txt  the verdict and a row per test binary
+#                      (doctest counts, GPU cases run/failed/skipped), from tools/gpu_log.py
+#   demos.log          the tour's and the bench's output;  tour.csv  the tour's recorded table (docs/results/)
 #   bench_<kind>.md / bench_<kind>.csv   the benchmark tables (device, LibTorch version, date, command)
-# Bazel: the system's `bazel`, or the self-contained one in .portable/ (tools/portable_bazel.sh).
+#   extra.tar.gz       every demo's CSV files, and mutants.txt with GPU_MUTANTS=1
+# It stops at once, with status 1 and the reason, when Bazel is missing or does not say its version, the build
+# fails, the checks' log has no test summary, a check fails, a GPU case is skipped or fails on the GPU machine,
+# the tour or the bench fails. KEEP_GOING=1 goes on to the demos after failed checks (the status stays 1).
+# Bazel: the system's `bazel`, else the self-contained one in .portable/ (tools/portable_bazel.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu_results}
 mkdir -p "$out"
 kind=cuda
-[[ ${ALLOW_CPU:-0} == 1 ]] && kind=best
+judge_kind=cuda
+quick=()
+if [[ ${ALLOW_CPU:-0} == 1 ]]; then
+  kind=best judge_kind=cpu quick=(--quick)
+fi
 status=0
+start=$(date +%s)
+phase_start=$start
 say() { printf '[gpu_check %s] %s\n' "$(date +%T)" "$*" | tee -a "$out/env.txt"; }
+phase() {  # phase NAME: closes the previous phase with its time
+  local now; now=$(date +%s)
+  say "== $1 (previous phase $((now - phase_start)) s, total $((now - start)) s)"
+  phase_start=$now
+}
+fail() {  # fail REASON...: loud, at once
+  say "FAIL: $*"
+  say "stopped after $(( $(date +%s) - start )) s; what was written is in $out"
+  exit 1
+}
 
 # ---- environment ------------------------------------------------------------------------------------------
 : > "$out/env.txt"
 say "host: $(uname -a)"
+say "mode: kind=$kind ${quick[*]:-full settings}"
 cxx=$(command -v g++ || command -v c++ || command -v clang++ || true)
-[[ -n $cxx ]] || { say "no C++ compiler (g++/c++/clang++) on PATH"; exit 1; }
+[[ -n $cxx ]] || fail "no C++ compiler (g++/c++/clang++) on PATH"
 say "compiler: $cxx ($("$cxx" --version | head -1))"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
   | while read -r line; do say "gpu: $line"; done
-python3 - <<'PY' 2>&1 | while read -r line; do say "python: $line"; done
+python=$(command -v python3 || true)
+[[ -n $python ]] || fail "no python3 (the repository rule asks it for PyTorch's LibTorch; tools/gpu_log.py needs it)"
+"$python" - <<'PY' 2>&1 | while read -r line; do say "python: $line"; done
 try:
     import torch
     print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(),
@@ -40,70 +66,74 @@ except Exception as e:  # no PyTorch: the workspace falls back to $LIBTORCH or D
     print("no torch module:", e)
 PY
 if command -v bazel >/dev/null; then
-  bazel=(bazel)
+  bazel_bin=$(command -v bazel)
 elif [[ -x .portable/bazel ]]; then
-  bazel=(.portable/bazel)
+  bazel_bin=$PWD/.portable/bazel
   export RULES_JAVA=$PWD/.portable/rules_java DOCTEST_INCLUDE=$PWD/.portable/doctest
 else
-  say "no bazel and no .portable/bazel (make it with tools/portable_bazel.sh where there is a network)"; exit 1
+  fail "no bazel and no .portable/bazel (make it with tools/portable_bazel.sh where there is a network)"
 fi
-bazel+=(--output_base="${BAZEL_OUTPUT_BASE:-/tmp/gpu_check_bazel}")
-say "bazel: $("${bazel[@]}" --version 2>/dev/null | tail -1)"
+# `--version` is a client option: it goes before any startup option (Bazel 2.1.0 rejects it after --output_base).
+bazel_version=$("$bazel_bin" --version 2>/dev/null | tail -1)
+[[ -n $bazel_version ]] || fail "$bazel_bin --version printed nothing: this Bazel does not start here"
+say "bazel: $bazel_bin ($bazel_version)"
+bazel=("$bazel_bin" --output_base="${BAZEL_OUTPUT_BASE:-/tmp/gpu_check_bazel}")
 # Lesson 6's CUDA kernels: nvcc for this machine's GPU (NVCC_FLAGS reaches tools/cuda.bzl through @libtorch).
 nvcc=$(command -v nvcc || { [[ -x /usr/local/cuda/bin/nvcc ]] && echo /usr/local/cuda/bin/nvcc; } || true)
 if [[ -n $nvcc ]]; then
   say "nvcc: $nvcc ($("$nvcc" --version | tail -2 | head -1))"
   [[ $kind == cuda ]] && export NVCC_FLAGS=${NVCC_FLAGS:--arch=native}
-else
-  say "no nvcc: lesson 6's CUDA kernels are not built and its GPU cases fail"
+elif [[ $kind == cuda ]]; then
+  fail "no nvcc: lesson 6's CUDA kernels would not be built and its GPU cases would fail"
 fi
 jobs=$(( $(nproc) > 2 ? $(nproc) : 2 ))
-flags=(--jobs="$jobs" --local_ram_resources=HOST_RAM*.8)
+flags=(--jobs="$jobs" --local_ram_resources=HOST_RAM*.8 --keep_going)
+tests=(//solutions/... //tests:memory_meter_test //bench:bench_smoke_test)
 
-# ---- checks ----------------------------------------------------------------------------------------------
-say "building and testing (jobs=$jobs) ..."
-"${bazel[@]}" test "${flags[@]}" --test_output=all --test_tag_filters=-exercise --local_test_jobs=1 \
-  //solutions/... //tests:memory_meter_test //bench:bench_smoke_test > "$out/tests.log" 2>&1 || status=1
-{
-  grep -E '^(//|Executed)' "$out/tests.log" | sed 's/\x1b\[[0-9;]*m//g'
-  # tests/main.cc prints "[workshop] N GPU case(s) SKIPPED here: <reason>" once per test binary that skips some.
-  echo "GPU cases skipped: $(grep -F 'GPU case(s) SKIPPED here' "$out/tests.log" | awk '{n += $2} END {print n + 0}')"
-  grep -E '^\[doctest\] test cases' "$out/tests.log"
-} > "$out/tests_summary.txt"
-say "$(tail -n +1 "$out/tests_summary.txt" | grep -E 'Executed|GPU cases')"
-if [[ $kind == cuda ]] && grep -qF 'GPU case(s) SKIPPED here' "$out/tests.log"; then
-  say "FAIL: GPU cases were skipped on the GPU machine:"; grep -F -A8 'GPU case(s) SKIPPED here' "$out/tests.log" | head -40
+# ---- build, then checks ----------------------------------------------------------------------------------
+phase "build (jobs=$jobs): the checks, the tour, the bench"
+if ! "${bazel[@]}" build "${flags[@]}" --build_tag_filters=-exercise "${tests[@]}" //:tour //bench \
+    > "$out/tests.log" 2>&1; then
+  { grep -E '^(ERROR|FAILED)|error:' "$out/tests.log" || tail -15 "$out/tests.log"; } | head -30
+  fail "the build failed (the first errors are above; all of it is in tests.log)"
+fi
+phase "checks"
+"${bazel[@]}" test "${flags[@]}" --test_output=all --test_tag_filters=-exercise --local_test_jobs=1 "${tests[@]}" \
+  >> "$out/tests.log" 2>&1
+test_status=$?
+"$python" tools/gpu_log.py "$out/tests.log" --kind="$judge_kind" --summary "$out/tests_summary.txt" > /dev/null
+verdict=$?
+sed -n '/^Bazel: /,$p' "$out/tests_summary.txt" | while read -r line; do say "$line"; done
+if (( verdict != 0 || test_status != 0 )); then
   status=1
+  [[ ${KEEP_GOING:-0} == 1 ]] || fail "the checks did not pass (bazel test exit $test_status; verdict in tests_summary.txt)"
+  say "KEEP_GOING=1: going on to the demos although the checks did not pass"
 fi
 
-# ---- demos and benchmarks --------------------------------------------------------------------------------
-csv=$(mktemp -d)
+# ---- demos (the tour, recorded) and benchmarks ------------------------------------------------------------
+phase "the tour: every lesson's demo on --device=$kind ${quick[*]:-}"
+extra=$(mktemp -d)
 : > "$out/demos.log"
-for dir in lesson*_*/; do  # every lesson's demo, lesson 6's CUDA kernels included
-  demo=//${dir%/}:demo
-  say "running $demo --device=$kind"
-  extra=()
-  [[ $kind == best ]] && extra=(--quick)
-  "${bazel[@]}" run "${flags[@]}" "$demo" -- --device="$kind" --csv_dir="$csv" "${extra[@]}" >> "$out/demos.log" 2>&1 \
-    || { say "FAIL: $demo"; status=1; }
-done
-tar czf "$out/csv.tar.gz" -C "$csv" . && rm -rf "$csv"
-say "running the benchmarks"
-extra=()
-[[ $kind == best ]] && extra=(--quick)
+"${bazel[@]}" run "${flags[@]}" //:tour -- --device="$kind" --csv_dir="$extra/csv" --record="$out/tour.csv" \
+  "${quick[@]}" >> "$out/demos.log" 2>&1 || fail "the tour failed (demos.log)"
+phase "the benchmarks"
+peer=()
 # The PyTorch peer rows: the python3 whose PyTorch the build's LibTorch came from (not /usr/bin/python3, the
-# bench's default, which on such a machine may have no torch).
-command -v python3 >/dev/null && extra+=(--peer_python="$(command -v python3)")
-"${bazel[@]}" run "${flags[@]}" //bench -- --device="$kind" --out_dir="$out" "${extra[@]}" >> "$out/demos.log" 2>&1 \
-  || { say "FAIL: //bench"; status=1; }
+# bench's default, which on such a machine may have no torch). PEER_PYTHON overrides it.
+peer=(--peer_python="${PEER_PYTHON:-$python}")
+"${bazel[@]}" run "${flags[@]}" //bench -- --device="$kind" --out_dir="$out" "${quick[@]}" "${peer[@]}" \
+  >> "$out/demos.log" 2>&1 || fail "the bench failed (demos.log)"
 # ---- optional: lesson 6's GPU mutants (bugs in the CUDA kernels; each one rebuilds lesson 6, about 30 s) -------
 if [[ ${GPU_MUTANTS:-0} == 1 && $kind == cuda ]]; then
-  say "lesson 6's GPU mutants (tools/mutants/run.sh --gpu 'l6_gpu_*')"
+  phase "lesson 6's GPU mutants (tools/mutants/run.sh --gpu 'l6_gpu_*')"
   wrapper=$(mktemp)
   printf '#!/bin/sh\nexec %s "$@"\n' "${bazel[*]}" > "$wrapper" && chmod +x "$wrapper"
-  BAZEL=$wrapper MUTANTS_OUT=$out/mutants.txt bash tools/mutants/run.sh --gpu 'l6_gpu_*' >> "$out/demos.log" 2>&1 \
+  BAZEL=$wrapper MUTANTS_OUT=$extra/mutants.txt bash tools/mutants/run.sh --gpu 'l6_gpu_*' >> "$out/demos.log" 2>&1 \
     || { say "FAIL: a GPU mutant survived or the runner failed (see demos.log)"; status=1; }
   rm -f "$wrapper"
 fi
-say "done, status $status; results in $out"
+tar czf "$out/extra.tar.gz" -C "$extra" . && rm -rf "$extra"
+phase "done, status $status; results in $out"
+files=$(find "$out" -type f | wc -l)
+(( files <= 8 )) || say "WARNING: $files files in $out; the device tool brings back 8"
 exit $status

@@ -65,9 +65,41 @@ def lesson_test_labels():
     """The learner checks of every lesson (tagged "exercise" in the lessons' BUILD files)."""
     return ["//%s:%s" % (lesson.dir, test) for lesson in LESSONS for test in lesson.tests]
 
+# The JSON is written by hand: Starlark's `json` module exists only from Bazel 4 on, and `struct.to_json()` is gone
+# from Bazel 7. The self-contained Bazel 2.1.0 that tools/gpu_check.sh takes to a GPU machine has no `json`.
+def _json_string(text):
+    for plain, escaped in [("\\", "\\\\"), ("\"", "\\\""), ("\n", "\\n"), ("\t", "\\t")]:
+        text = text.replace(plain, escaped)
+    return '"%s"' % text
+
+def _json_scalar(value):
+    if type(value) == type(""):
+        return _json_string(value)
+    if type(value) == type(True):
+        return "true" if value else "false"
+    if type(value) == type(0):
+        return str(value)
+    fail("lessons.bzl: the JSON writer takes strings, ints, bools and lists of them, not %s" % type(value))
+
+def lessons_to_json(lessons):
+    """The lessons as a JSON array of objects (Starlark has no recursion: a field is a scalar or a list of them)."""
+    objects = []
+    for lesson in lessons:
+        # Older Bazels list a struct's methods (to_json, to_proto) in dir(): keep the data fields only.
+        lines = []
+        for field in [f for f in dir(lesson) if f not in ("to_json", "to_proto")]:
+            value = getattr(lesson, field)
+            if type(value) == type([]):
+                text = "[" + ", ".join([_json_scalar(v) for v in value]) + "]"
+            else:
+                text = _json_scalar(value)
+            lines.append("    %s: %s" % (_json_string(field), text))
+        objects.append("  {\n" + ",\n".join(lines) + "\n  }")
+    return "[\n" + ",\n".join(objects) + "\n]\n"
+
 def _lessons_json_impl(ctx):
     out = ctx.actions.declare_file(ctx.label.name + ".json")
-    ctx.actions.write(out, json.encode_indent(LESSONS) + "\n")
+    ctx.actions.write(out, lessons_to_json(LESSONS))
     return [DefaultInfo(files = depset([out]), runfiles = ctx.runfiles(files = [out]))]
 
 lessons_json = rule(
