@@ -19,6 +19,9 @@
 # It stops at once, with status 1 and the reason, when Bazel is missing or does not say its version, the build
 # fails, the checks' log has no test summary, a check fails, a GPU case is skipped or fails on the GPU machine,
 # the tour or the bench fails. KEEP_GOING=1 goes on to the demos after failed checks (the status stays 1).
+# PHASES (default "checks demos"): "checks" builds and runs the checks, "demos" the tour, the bench and the GPU
+# mutants; two calls of at most 10 minutes each on the device machine can take one phase each (the second finds
+# the first's Bazel output base, $BAZEL_OUTPUT_BASE, on a machine that stayed warm).
 # Bazel: the system's `bazel`, else the self-contained one in .portable/ (tools/portable_bazel.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +33,10 @@ quick=()
 if [[ ${ALLOW_CPU:-0} == 1 ]]; then
   kind=best judge_kind=cpu quick=(--quick)
 fi
+phases=" ${PHASES:-checks demos} "
+for p in $phases; do
+  [[ $p == checks || $p == demos ]] || { echo "gpu_check: unknown phase '$p' in PHASES (checks, demos)" >&2; exit 2; }
+done
 status=0
 start=$(date +%s)
 phase_start=$start
@@ -91,23 +98,30 @@ flags=(--jobs="$jobs" --local_ram_resources=HOST_RAM*.8 --keep_going)
 tests=(//solutions/... //tests:memory_meter_test //bench:bench_smoke_test)
 
 # ---- build, then checks ----------------------------------------------------------------------------------
-phase "build (jobs=$jobs): the checks, the tour, the bench"
-if ! "${bazel[@]}" build "${flags[@]}" --build_tag_filters=-exercise "${tests[@]}" //:tour //bench \
-    > "$out/tests.log" 2>&1; then
-  { grep -E '^(ERROR|FAILED)|error:' "$out/tests.log" || tail -15 "$out/tests.log"; } | head -30
-  fail "the build failed (the first errors are above; all of it is in tests.log)"
+if [[ $phases == *" checks "* ]]; then
+  phase "build (jobs=$jobs): the checks, the tour, the bench"
+  if ! "${bazel[@]}" build "${flags[@]}" --build_tag_filters=-exercise "${tests[@]}" //:tour //bench \
+      > "$out/tests.log" 2>&1; then
+    { grep -E '^(ERROR|FAILED)|error:' "$out/tests.log" || tail -15 "$out/tests.log"; } | head -30
+    fail "the build failed (the first errors are above; all of it is in tests.log)"
+  fi
+  phase "checks"
+  "${bazel[@]}" test "${flags[@]}" --test_output=all --test_tag_filters=-exercise --local_test_jobs=1 "${tests[@]}" \
+    >> "$out/tests.log" 2>&1
+  test_status=$?
+  "$python" tools/gpu_log.py "$out/tests.log" --kind="$judge_kind" --summary "$out/tests_summary.txt" > /dev/null
+  verdict=$?
+  sed -n '/^Bazel: /,$p' "$out/tests_summary.txt" | while read -r line; do say "$line"; done
+  if (( verdict != 0 || test_status != 0 )); then
+    status=1
+    [[ ${KEEP_GOING:-0} == 1 ]] || fail "the checks did not pass (bazel test exit $test_status; verdict in tests_summary.txt)"
+    say "KEEP_GOING=1: going on to the demos although the checks did not pass"
+  fi
 fi
-phase "checks"
-"${bazel[@]}" test "${flags[@]}" --test_output=all --test_tag_filters=-exercise --local_test_jobs=1 "${tests[@]}" \
-  >> "$out/tests.log" 2>&1
-test_status=$?
-"$python" tools/gpu_log.py "$out/tests.log" --kind="$judge_kind" --summary "$out/tests_summary.txt" > /dev/null
-verdict=$?
-sed -n '/^Bazel: /,$p' "$out/tests_summary.txt" | while read -r line; do say "$line"; done
-if (( verdict != 0 || test_status != 0 )); then
-  status=1
-  [[ ${KEEP_GOING:-0} == 1 ]] || fail "the checks did not pass (bazel test exit $test_status; verdict in tests_summary.txt)"
-  say "KEEP_GOING=1: going on to the demos although the checks did not pass"
+
+if [[ $phases != *" demos "* ]]; then
+  phase "done (PHASES=${phases# }), status $status; results in $out"
+  exit $status
 fi
 
 # ---- demos (the tour, recorded) and benchmarks ------------------------------------------------------------
@@ -117,7 +131,6 @@ extra=$(mktemp -d)
 "${bazel[@]}" run "${flags[@]}" //:tour -- --device="$kind" --csv_dir="$extra/csv" --record="$out/tour.csv" \
   "${quick[@]}" >> "$out/demos.log" 2>&1 || fail "the tour failed (demos.log)"
 phase "the benchmarks"
-peer=()
 # The PyTorch peer rows: the python3 whose PyTorch the build's LibTorch came from (not /usr/bin/python3, the
 # bench's default, which on such a machine may have no torch). PEER_PYTHON overrides it.
 peer=(--peer_python="${PEER_PYTHON:-$python}")

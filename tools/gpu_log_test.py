@@ -138,7 +138,7 @@ def write_program(path, text):
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def gpu_check(scenario, allow_cpu):
+def gpu_check(scenario, allow_cpu, phases=None):
     """Runs a copy of gpu_check.sh with the stand-ins; returns (status, output, the stand-in Bazel's calls)."""
     work = tempfile.mkdtemp(prefix="gpu_check_test-")
     try:
@@ -154,6 +154,9 @@ def gpu_check(scenario, allow_cpu):
                    SCENARIO=scenario, CALLS=calls, OUT=os.path.join(work, "out"), ALLOW_CPU="1" if allow_cpu else "0",
                    BAZEL_OUTPUT_BASE=os.path.join(work, "ob"))
         env.pop("KEEP_GOING", None)
+        env.pop("PHASES", None)
+        if phases is not None:
+            env["PHASES"] = phases
         env.pop("GPU_MUTANTS", None)
         done = subprocess.run(["bash", os.path.join(work, "repo", "tools", "gpu_check.sh")], env=env, timeout=120,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
@@ -193,6 +196,13 @@ status, output, calls = gpu_check("cpu_pass", True)
 check(status == 0 and all("--device=best" in r and "--quick" in r for r in runs(calls)) and len(runs(calls)) == 2,
       "the CPU rehearsal settings (ALLOW_CPU=1) pass a CPU log and run the demos with --device=best --quick "
       "(status %d)" % status)
+
+status, output, calls = gpu_check("gpu_pass", False, phases="checks")
+check(status == 0 and " test " in calls and not ran_demos(calls), "PHASES=checks builds and tests, and runs no demo")
+status, output, calls = gpu_check("gpu_pass", False, phases="demos")
+check(status == 0 and " test " not in calls and len(runs(calls)) == 2, "PHASES=demos runs the tour and the bench only")
+status, output, calls = gpu_check("gpu_pass", False, phases="check")
+check(status == 2 and not calls.strip(), "an unknown phase stops the script before Bazel starts")
 
 print("%d failed" % len(failures))
 sys.exit(1 if failures else 0)

@@ -118,7 +118,7 @@ def main():
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         devices = sorted({r["device"] for r in rows})
         command = "bazel run //:tour -- " + " ".join(a for a in sys.argv[1:] if a.startswith("--") and
-                                                     not a.startswith(("--lessons", "--demo", "--record")))
+                                                     not a.startswith(("--lessons", "--demo", "--record", "--csv_dir")))
         with open(path, "w", newline="") as f:
             f.write("# device: %s\n# date: %s\n# command: %s\n" % (
                 ", ".join(devices) or "unknown", datetime.date.today().isoformat(), command.strip()))

@@ -23,16 +23,20 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LESSONS = [1, 2, 3, 4, 5, 6]
+# Mutants of the maintainers' tools, each module with the TARGET whose checks must catch them (a lesson's module
+# needs none: its mutants are caught by //solutions/<its folder>:all).
+TOOL_MODULES = ["gpu_run"]
 
 
 def all_mutants(gpu=False):
-    """[(name, file, old, new, why)] of every lesson, in lesson order; with `gpu`, each lesson's GPU_MUTANTS too
+    """[(name, file, old, new, why, target or None)] of every lesson and tool module, in lesson order; with `gpu`, each lesson's GPU_MUTANTS too
     (bugs in CUDA kernels, which only a machine that runs the GPU cases can catch)."""
     sys.path.insert(0, HERE)
     out = []
-    for n in LESSONS:
-        module = importlib.import_module("lesson%d" % n)
-        out += module.MUTANTS + (getattr(module, "GPU_MUTANTS", []) if gpu else [])
+    for name in ["lesson%d" % n for n in LESSONS] + TOOL_MODULES:
+        module = importlib.import_module(name)
+        target = getattr(module, "TARGET", None)
+        out += [m + (target,) for m in module.MUTANTS + (getattr(module, "GPU_MUTANTS", []) if gpu else [])]
     return out
 
 
@@ -58,7 +62,7 @@ def main():
         return 0
     os.makedirs(args.out, exist_ok=True)
     problems = 0
-    for index, (name, path, old, new, why) in chosen:
+    for index, (name, path, old, new, why, target) in chosen:
         text = open(os.path.join(ROOT, path), encoding="utf-8").read()
         if text.count(old) != 1:
             print("mutant %s: the snippet occurs %d times in %s (needs exactly 1)" % (name, text.count(old), path),
@@ -68,7 +72,8 @@ def main():
         mutated = text.replace(old, new)
         diff = difflib.unified_diff(text.splitlines(True), mutated.splitlines(True), "a/" + path, "b/" + path)
         with open(os.path.join(args.out, "%02d_%s.patch" % (index, name)), "w", encoding="utf-8") as f:
-            f.write("Mutant: %s\n\n" % why)
+            f.write("Mutant: %s\n" % why)
+            f.write("Target: %s\n\n" % target if target else "\n")
             f.writelines(diff)
     print("%d mutants written to %s, %d problems" % (len(chosen) - problems, args.out, problems))
     return 1 if problems else 0

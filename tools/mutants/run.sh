@@ -22,9 +22,10 @@ ROOT=$(pwd)
 OUT=${MUTANTS_OUT:-$ROOT/.bazel/mutants/results.txt}
 BAZEL=${BAZEL:-bazel}
 
-if ! git diff --quiet -- solutions/ || [ -n "$(git status --porcelain -- solutions/)" ]; then
-  echo "run.sh: solutions/ has uncommitted changes; commit or stash them first (the runner restores solutions/" >&2
-  echo "        from a copy after every mutant and must not mix your edits with a mutant's)" >&2
+if ! git diff --quiet -- solutions/ tools/ tests/ || [ -n "$(git status --porcelain -- solutions/ tools/ tests/)" ]; then
+  echo "run.sh: solutions/, tools/ or tests/ has uncommitted changes; commit or stash them first (the runner" >&2
+  echo "        restores what a mutant patched (solutions/, or the file of a tool's mutant) after every mutant" >&2
+  echo "        and must not mix your edits with a mutant's)" >&2
   exit 2
 fi
 
@@ -36,8 +37,10 @@ restore() {
   rm -rf "$ROOT/solutions"
   cp -a "$BACKUP/solutions" "$ROOT/solutions"
 }
+tool_file=""  # the file of the tool's mutant being run, if any
 cleanup() {
   restore
+  if [ -n "$tool_file" ]; then cp "$BACKUP/tool_file" "$tool_file"; fi
   rm -rf "$BACKUP"
 }
 trap cleanup EXIT
@@ -57,25 +60,31 @@ for patch in "${selected[@]}"; do
   name=$(basename "$patch" .patch)
   why=$(sed -n 's/^Mutant: //p' "$patch" | head -1)
   lesson=$(sed -n 's|^+++ b/solutions/\([^/]*\)/.*|\1|p' "$patch" | head -1)
+  target=$(sed -n 's/^Target: //p' "$patch" | head -1)
+  [ -n "$target" ] || target="//solutions/$lesson:all"
+  file=$(sed -n 's|^+++ b/||p' "$patch" | head -1)
+  # A tool's mutant (a file outside solutions/): keep that file to put it back.
+  case $file in solutions/*) ;; *) cp "$file" "$BACKUP/tool_file"; tool_file=$file ;; esac
   start=$(date +%s)
   if ! patch -p1 --silent --forward --no-backup-if-mismatch -r - < "$patch" > /dev/null; then
     verdict=BROKEN
     detail="does not apply"
   else
     log=$(mktemp)
-    "$BAZEL" test "//solutions/$lesson:all" --test_output=errors --test_timeout=600 \
+    "$BAZEL" test "$target" --test_output=errors --test_timeout=600 \
       --test_arg=--abort-after=1 > "$log" 2>&1
     rc=$?
     case $rc in
       0) verdict=SURVIVED; detail="every check passed" ;;
       3) verdict=CAUGHT
-         detail=$(grep -o '//solutions/[^ ]*  *FAILED[^ ]*' "$log" | head -3 | tr -s ' ' | paste -sd, -)
+         detail=$(grep -o '//[^ ]*  *FAILED[^ ]*' "$log" | head -3 | tr -s ' ' | paste -sd, -)
          [ -n "$detail" ] || detail="a check failed" ;;
       *) verdict=BROKEN; detail="bazel exit $rc: $(grep -m1 -E 'error:|ERROR:' "$log" | cut -c1-160)" ;;
     esac
     rm -f "$log"
   fi
   restore
+  if [ -n "$tool_file" ]; then cp "$BACKUP/tool_file" "$tool_file"; tool_file=""; fi
   elapsed=$(( $(date +%s) - start ))
   case $verdict in
     CAUGHT) caught=$((caught + 1)) ;;
