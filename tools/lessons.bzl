@@ -1,9 +1,23 @@
-"""The course, in order: the ONE list that the docs site (//docs:site), //:tour and //:progress read.
+"""The course manifest, in order: the ONE list of lessons and of every file each one is made of.
 
-Adding a lesson: add its entry here, with its learner checks in `tests`. Its folder must then
-have README.md (a Doxygen page with `{#lessonN}` and "## Step K" headings), a `sources` filegroup, a `demo`
-binary (on the reference solution, flags --quick --device --csv_dir) and the test targets named in `tests`.
-Optionally docs/plots/lessonN.gp turns the demo's CSV files into the lesson's charts.
+Bazel reads it (the docs site, //:tour, //:progress, the invariants tests, the formatter's list), and so do the
+scripts outside Bazel (tools/manifest.py executes this file as Python: keep the part above the functions plain
+Starlark that is also Python). //tools:course_check holds the lesson folders to it: a file in lessonN_*/ or
+solutions/lessonN_*/ that no field names fails, and so does a named file that is missing.
+
+Fields (file names are relative to the lesson's folder, `dir`):
+  number, dir, title, learn, need   the course table (docs' main page, README)
+  tests      the learner check targets (tagged "exercise"); the same names in solutions/<dir>/
+  learner    the files the learner edits (TODO(lessonN, step K)); solutions/<dir>/ has the answer of each
+  headers    the API the learner implements (documented; the docs' API reference)
+  checks     the doctest sources of `tests`
+  given      code the lesson provides (not edited by the learner)
+  extra      anything else in the folder (scripts, a sub-package), besides README.md, BUILD and demo.cc
+  solution_extra   files of solutions/<dir>/ besides BUILD and the answers to `learner`
+  bench      the bench case (bench/<file>), mutants: the mutants module (tools/mutants/<file>)
+Every lesson folder also holds README.md (a Doxygen page with `{#lessonN}` and "## Step K" headings), BUILD (a
+`sources` filegroup, a `demo` binary on the reference solution with flags --quick --device --csv_dir, the `tests`
+targets) and demo.cc. Optionally docs/plots/lessonN.gp turns the demo's CSV files into the lesson's charts.
 """
 
 LESSONS = [
@@ -14,6 +28,14 @@ LESSONS = [
         learn = "autocast, float16 vs bfloat16, a gradient scaler, the AMP training step",
         need = "CPU; a GPU shows the speed-up",
         tests = ["autocast_test", "grad_scaler_test"],
+        learner = ["autocast.cc", "grad_scaler.cc"],
+        headers = ["autocast.h", "grad_scaler.h"],
+        checks = ["autocast_test.cc", "grad_scaler_test.cc"],
+        given = ["grad_scaler_given.cc", "underflow_model.h"],
+        extra = [],
+        solution_extra = [],
+        bench = "lesson1.cc",
+        mutants = "lesson1.py",
     ),
     struct(
         number = 2,
@@ -22,6 +44,14 @@ LESSONS = [
         learn = "large effective batches from small ones; correct loss normalisation; a micro-batch for a memory budget",
         need = "CPU; GPU optional",
         tests = ["accumulation_test"],
+        learner = ["accumulation.cc"],
+        headers = ["accumulation.h"],
+        checks = ["accumulation_test.cc"],
+        given = [],
+        extra = [],
+        solution_extra = [],
+        bench = "lesson2.cc",
+        mutants = "lesson2.py",
     ),
     struct(
         number = 3,
@@ -30,6 +60,14 @@ LESSONS = [
         learn = "honest timing, named phases, an op table, finding the bottleneck",
         need = "CPU; GPU optional",
         tests = ["stopwatch_test", "phases_test", "profiler_test", "bottleneck_test"],
+        learner = ["stopwatch.cc", "phases.cc", "profiler.cc", "bottleneck.cc"],
+        headers = ["stopwatch.h", "phases.h", "profiler.h", "bottleneck.h"],
+        checks = ["stopwatch_test.cc", "phases_test.cc", "profiler_test.cc", "bottleneck_test.cc"],
+        given = ["stopwatch_given.cc", "phases_given.cc", "profiler_given.cc", "bottleneck_given.cc"],
+        extra = [],
+        solution_extra = [],
+        bench = "lesson3.cc",
+        mutants = "lesson3.py",
     ),
     struct(
         number = 4,
@@ -38,6 +76,14 @@ LESSONS = [
         learn = "where the bytes go, activation checkpointing, a memory planner",
         need = "CPU; GPU optional",
         tests = ["breakdown_test", "checkpoint_test", "planner_test"],
+        learner = ["breakdown.cc", "checkpoint.cc", "checkpoint_sequential.cc", "planner.cc"],
+        headers = ["breakdown.h", "checkpoint.h", "planner.h"],
+        checks = ["breakdown_test.cc", "checkpoint_test.cc", "planner_test.cc"],
+        given = ["given.cc", "workload.h"],
+        extra = [],
+        solution_extra = [],
+        bench = "lesson4.cc",
+        mutants = "lesson4.py",
     ),
     struct(
         number = 5,
@@ -46,6 +92,14 @@ LESSONS = [
         learn = "all-reduce on c10d (Gloo/NCCL), buckets, overlap with backward, no_sync, ZeRO-1 sharded state",
         need = "CPU (ranks on loopback); several GPUs for NCCL",
         tests = ["ddp_test"],
+        learner = ["ddp.cc"],
+        headers = ["comm.h", "ddp.h"],
+        checks = ["ddp_test.cc"],
+        given = ["comm.cc", "given.cc", "demo_ranks.h"],
+        extra = ["netns/BUILD", "netns/cleanup_test.sh", "netns/netns_run.sh", "netns/record.py"],
+        solution_extra = ["process_fault_test.sh"],
+        bench = "lesson5.cc",
+        mutants = "lesson5.py",
     ),
     struct(
         number = 6,
@@ -54,6 +108,14 @@ LESSONS = [
         learn = "napkin math of a memory-bound step, a fused AdamW with at::parallel_for and Vectorized, TORCH_LIBRARY operators, the scaler's fused unscale, grid-stride CUDA kernels",
         need = "CPU for steps 1-5; a GPU and nvcc for step 6's kernels",
         tests = ["fused_adamw_test"],
+        learner = ["fused_adamw.cc", "fused_adamw_cuda.cu"],
+        headers = ["fused_adamw.h", "kernel_api.h"],
+        checks = ["fused_adamw_test.cc"],
+        given = ["given.cc", "given_cuda.cc", "kernel_copts.bzl"],
+        extra = [],
+        solution_extra = [],
+        bench = "lesson6.cc",
+        mutants = "lesson6.py",
     ),
 ]
 

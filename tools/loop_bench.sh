@@ -25,10 +25,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Every lesson folder (lessonN_topic), found on disk: a new lesson is measured without editing this script.
+# Every lesson folder of the manifest (tools/lessons.bzl, read by tools/manifest.py).
 declare -A dir=()
-for d in lesson[0-9]*_*/; do
-  d=${d%/}
+for d in $(python3 tools/manifest.py dirs); do
   n=${d#lesson}
   dir[${n%%_*}]=$d
 done

@@ -22,7 +22,11 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-LESSONS = [1, 2, 3, 4, 5, 6]
+sys.path.insert(0, os.path.dirname(HERE))
+import manifest  # noqa: E402  (tools/manifest.py: the lessons of tools/lessons.bzl)
+
+# The lessons' mutants modules, named by the manifest.
+LESSON_MODULES = [os.path.splitext(lesson.mutants)[0] for lesson in manifest.load()]
 # Mutants of the maintainers' tools, each module with the TARGET whose checks must catch them (a lesson's module
 # needs none: its mutants are caught by //solutions/<its folder>:all).
 TOOL_MODULES = ["gpu_run"]
@@ -33,7 +37,7 @@ def all_mutants(gpu=False):
     (bugs in CUDA kernels, which only a machine that runs the GPU cases can catch)."""
     sys.path.insert(0, HERE)
     out = []
-    for name in ["lesson%d" % n for n in LESSONS] + TOOL_MODULES:
+    for name in LESSON_MODULES + TOOL_MODULES:
         module = importlib.import_module(name)
         target = getattr(module, "TARGET", None)
         out += [m + (target,) for m in module.MUTANTS + (getattr(module, "GPU_MUTANTS", []) if gpu else [])]

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""The course check: the lesson folders, and every list of lessons outside the manifest, agree with the manifest
+(tools/lessons.bzl), as rustlings' `dev check` holds its exercises to info.toml.
+
+  course_check.py [--root DIR]      # DIR: the workspace (default: found from this script's real path)
+
+It fails on
+  - a file in lessonN_*/ or solutions/lessonN_*/ that the manifest does not name, and a named file that is missing;
+  - a lesson folder (lessonN_*) or solution folder the manifest does not have, numbers that are not 1..N in order,
+    a folder not called lesson<number>_*;
+  - a lesson without one of its parts: README.md with {#lessonN}, BUILD, demo.cc, a learner file, a header, a
+    check source, its `tests` targets in both BUILD files, a bench case file, a mutants module whose MUTANTS
+    patch only that lesson's solution;
+  - a list of lessons elsewhere that disagrees: the README's numbered course list, the bench's case table
+    (bench/main.cc), the bench case files (bench/lessonN.cc), the mutants modules (tools/mutants/lessonN.py).
+Every problem is printed; exit status 1 if there is any.
+"""
+import argparse
+import ast
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+import manifest  # noqa: E402
+
+PARTS = ("README.md", "BUILD", "demo.cc")
+
+
+def files_under(folder):
+    """Every file below `folder`, relative to it (no hidden files are expected in a lesson)."""
+    out = set()
+    for base, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for f in files:
+            out.add(os.path.relpath(os.path.join(base, f), folder))
+    return out
+
+
+def mutant_files(path):
+    """The files a mutants module patches (the second field of each MUTANTS tuple), read without importing it."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    constants = {}
+    files = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                constants[name] = node.value.value
+            elif name in ("MUTANTS", "GPU_MUTANTS") and isinstance(node.value, ast.List):
+                for item in node.value.elts:
+                    if isinstance(item, ast.Tuple) and len(item.elts) >= 2:
+                        field = item.elts[1]
+                        if isinstance(field, ast.Name):
+                            files.append(constants.get(field.id, "?" + field.id))
+                        elif isinstance(field, ast.Constant):
+                            files.append(field.value)
+    return files
+
+
+def check(root):
+    problems = []
+    lessons = manifest.load(os.path.join(root, "tools", "lessons.bzl"))
+    numbers = [l.number for l in lessons]
+    if numbers != list(range(1, len(lessons) + 1)):
+        problems.append("the manifest's lesson numbers are %s, not 1..%d in order" % (numbers, len(lessons)))
+    listed_dirs = {l.dir for l in lessons}
+    for top, label in ((root, "lesson folder"), (os.path.join(root, "solutions"), "solution folder")):
+        for name in sorted(os.listdir(top)):
+            if re.match(r"lesson\d+_", name) and os.path.isdir(os.path.join(top, name)) and name not in listed_dirs:
+                problems.append("%s %s is not in the manifest (tools/lessons.bzl)" % (label, os.path.relpath(
+                    os.path.join(top, name), root)))
+
+    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    bench_main = open(os.path.join(root, "bench", "main.cc"), encoding="utf-8").read()
+    for lesson in lessons:
+        n, d = lesson.number, lesson.dir
+        where = "lesson %d (%s)" % (n, d)
+        if not d.startswith("lesson%d_" % n):
+            problems.append("%s: its folder must be called lesson%d_<topic>" % (where, n))
+        lesson_dir = os.path.join(root, d)
+        solution_dir = os.path.join(root, "solutions", d)
+        if not os.path.isdir(lesson_dir) or not os.path.isdir(solution_dir):
+            problems.append("%s: %s/ and solutions/%s/ must both exist" % (where, d, d))
+            continue
+        for field in ("learner", "headers", "checks", "tests"):
+            if not getattr(lesson, field):
+                problems.append("%s: the manifest's `%s` is empty (every lesson has one)" % (where, field))
+
+        # Every file named, every file there.
+        named = set(PARTS) | set(lesson.learner) | set(lesson.headers) | set(lesson.checks) | set(lesson.given) \
+            | set(lesson.extra)
+        named_solution = {"BUILD"} | set(lesson.learner) | set(lesson.solution_extra)
+        for folder, expected, shown in ((lesson_dir, named, d), (solution_dir, named_solution, "solutions/" + d)):
+            present = files_under(folder)
+            for f in sorted(present - expected):
+                problems.append("%s/%s is not named in the manifest (tools/lessons.bzl, lesson %d): add it to "
+                                "learner, headers, checks, given, extra or solution_extra" % (shown, f, n))
+            for f in sorted(expected - present):
+                problems.append("%s/%s is named in the manifest but missing" % (shown, f))
+
+        page = os.path.join(lesson_dir, "README.md")
+        if os.path.exists(page) and "{#lesson%d}" % n not in open(page, encoding="utf-8").read():
+            problems.append("%s/README.md has no {#lesson%d} anchor" % (d, n))
+        for folder, shown in ((lesson_dir, d), (solution_dir, "solutions/" + d)):
+            build_path = os.path.join(folder, "BUILD")
+            build = open(build_path, encoding="utf-8").read() if os.path.exists(build_path) else ""
+            for test in lesson.tests:
+                if not re.search(r'name = "%s"' % re.escape(test), build) and \
+                        not re.search(r'\b%s\b' % re.escape(test), build):
+                    problems.append("%s/BUILD does not define the check target %s named in the manifest" % (
+                        shown, test))
+        for f in lesson.checks:
+            build_path = os.path.join(lesson_dir, "BUILD")
+            if os.path.exists(build_path) and f not in open(build_path, encoding="utf-8").read():
+                problems.append("%s/BUILD does not build the check source %s" % (d, f))
+
+        # The other lists of lessons.
+        bench = os.path.join(root, "bench", lesson.bench)
+        if not os.path.exists(bench):
+            problems.append("%s: its bench case bench/%s is missing" % (where, lesson.bench))
+        if not re.search(r'\{"l%d",\s*bench::lesson%d\b' % (n, n), bench_main):
+            problems.append("%s: bench/main.cc's case table has no {\"l%d\", bench::lesson%d}" % (where, n, n))
+        module = os.path.join(root, "tools", "mutants", lesson.mutants)
+        if not os.path.exists(module):
+            problems.append("%s: its mutants module tools/mutants/%s is missing" % (where, lesson.mutants))
+        else:
+            files = mutant_files(module)
+            if not files:
+                problems.append("tools/mutants/%s has no MUTANTS" % lesson.mutants)
+            for f in sorted(set(files)):
+                if not f.startswith("solutions/%s/" % d):
+                    problems.append("tools/mutants/%s patches %s, outside solutions/%s/" % (lesson.mutants, f, d))
+        # An item may go on over indented lines.
+        if not re.search(r"^%d\. \*\*%s\*\*(?:[^\n]|\n(?=[ \t]))*`%s/`" % (n, re.escape(lesson.title), re.escape(d)),
+                         readme, re.M):
+            problems.append("README.md's course list has no line '%d. **%s** ... (`%s/`...)'" % (n, lesson.title, d))
+
+    # Lists outside the manifest that must not name a lesson it lacks.
+    for line in re.findall(r"^(\d+)\. \*\*", readme, re.M):
+        if int(line) > len(lessons):
+            problems.append("README.md's course list has a lesson %s; the manifest has %d" % (line, len(lessons)))
+    for name in sorted(os.listdir(os.path.join(root, "bench"))):
+        if re.match(r"lesson\d+\.cc$", name) and name not in {l.bench for l in lessons}:
+            problems.append("bench/%s is no lesson's bench case in the manifest" % name)
+    for name in sorted(os.listdir(os.path.join(root, "tools", "mutants"))):
+        if re.match(r"lesson\d+\.py$", name) and name not in {l.mutants for l in lessons}:
+            problems.append("tools/mutants/%s is no lesson's mutants module in the manifest" % name)
+    for case in re.findall(r'\{"l(\d+)",', bench_main):
+        if int(case) > len(lessons):
+            problems.append("bench/main.cc has a case l%s; the manifest has %d lessons" % (case, len(lessons)))
+    return lessons, problems
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", help="the workspace (default: two folders above this script's real path)")
+    args = parser.parse_args()
+    root = args.root or os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    lessons, problems = check(root)
+    for p in problems:
+        print("course_check: " + p)
+    print("course_check: %d lessons, %d problem(s) (workspace %s)" % (len(lessons), len(problems), root))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""//tools:course_check: the workspace passes the course check, and a copy of it with one planted defect at a
+time fails it with the right message (a check that cannot fail is a defect).
+
+  course_check_test.py            # the workspace is found from this script's real path
+"""
+import os
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import course_check  # noqa: E402
+import manifest  # noqa: E402
+
+failures = []
+
+
+def expect(condition, what):
+    print("%s: %s" % ("ok" if condition else "FAILED", what))
+    if not condition:
+        failures.append(what)
+
+
+lessons, problems = course_check.check(ROOT)
+for p in problems:
+    print("  workspace: " + p)
+expect(not problems, "the workspace agrees with its manifest (%d lessons)" % len(lessons))
+
+
+def copy_of_workspace():
+    """What the course check reads: README.md, bench/, tools/ (manifest, mutants), lesson and solution folders."""
+    work = tempfile.mkdtemp(prefix="course_check_test-")
+    shutil.copy(os.path.join(ROOT, "README.md"), work)
+    shutil.copytree(os.path.join(ROOT, "bench"), os.path.join(work, "bench"))
+    os.makedirs(os.path.join(work, "tools"))
+    shutil.copy(os.path.join(ROOT, "tools", "lessons.bzl"), os.path.join(work, "tools"))
+    shutil.copytree(os.path.join(ROOT, "tools", "mutants"), os.path.join(work, "tools", "mutants"))
+    os.makedirs(os.path.join(work, "solutions"))
+    for lesson in lessons:
+        shutil.copytree(os.path.join(ROOT, lesson.dir), os.path.join(work, lesson.dir))
+        shutil.copytree(os.path.join(ROOT, "solutions", lesson.dir), os.path.join(work, "solutions", lesson.dir))
+    return work
+
+
+def edit(path, old, new):
+    text = open(path, encoding="utf-8").read()
+    assert old in text, "%s: %r not found (the test's planted defect needs updating)" % (path, old)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text.replace(old, new, 1))
+
+
+first, last = lessons[0], lessons[-1]
+DEFECTS = [
+    ("an unlisted file in a lesson folder",
+     lambda w: open(os.path.join(w, first.dir, "notes.txt"), "w").close(),
+     "%s/notes.txt is not named in the manifest" % first.dir),
+    ("an unlisted file in a solution folder",
+     lambda w: open(os.path.join(w, "solutions", last.dir, "scratch.cc"), "w").close(),
+     "solutions/%s/scratch.cc is not named in the manifest" % last.dir),
+    ("a listed learner file that is missing",
+     lambda w: os.remove(os.path.join(w, first.dir, first.learner[0])),
+     "%s/%s is named in the manifest but missing" % (first.dir, first.learner[0])),
+    ("a lesson without its demo",
+     lambda w: os.remove(os.path.join(w, last.dir, "demo.cc")),
+     "%s/demo.cc is named in the manifest but missing" % last.dir),
+    ("a lesson page without its anchor",
+     lambda w: edit(os.path.join(w, first.dir, "README.md"), "{#lesson%d}" % first.number, "{#lesson_x}"),
+     "%s/README.md has no {#lesson%d} anchor" % (first.dir, first.number)),
+    ("a lesson folder the manifest does not have",
+     lambda w: os.makedirs(os.path.join(w, "lesson%d_extra" % (len(lessons) + 1))),
+     "lesson folder lesson%d_extra is not in the manifest" % (len(lessons) + 1)),
+    ("the README's course list without a lesson",
+     lambda w: edit(os.path.join(w, "README.md"), "%d. **%s**" % (last.number, last.title), "%d. **Something else**"
+                    % last.number),
+     "README.md's course list has no line '%d. **%s**" % (last.number, last.title)),
+    ("the bench's case table without a lesson",
+     lambda w: edit(os.path.join(w, "bench", "main.cc"), '{"l%d", bench::lesson%d' % (first.number, first.number),
+                    '{"lx", bench::lesson%d' % first.number),
+     "bench/main.cc's case table has no {\"l%d\"" % first.number),
+    ("a lesson's bench case file missing",
+     lambda w: os.remove(os.path.join(w, "bench", last.bench)),
+     "its bench case bench/%s is missing" % last.bench),
+    ("a mutants module the manifest does not name",
+     lambda w: shutil.copy(os.path.join(w, "tools", "mutants", first.mutants),
+                           os.path.join(w, "tools", "mutants", "lesson%d.py" % (len(lessons) + 1))),
+     "tools/mutants/lesson%d.py is no lesson's mutants module" % (len(lessons) + 1)),
+    ("a lesson's mutants module missing",
+     lambda w: os.remove(os.path.join(w, "tools", "mutants", last.mutants)),
+     "its mutants module tools/mutants/%s is missing" % last.mutants),
+    ("a check target missing from the solution's BUILD",
+     lambda w: edit(os.path.join(w, "solutions", first.dir, "BUILD"), '"%s"' % first.tests[0], '"renamed_test"'),
+     "solutions/%s/BUILD does not define the check target %s" % (first.dir, first.tests[0])),
+]
+
+for what, plant, message in DEFECTS:
+    work = copy_of_workspace()
+    try:
+        plant(work)
+        _, found = course_check.check(work)
+        expect(any(message in p for p in found), "%s fails the course check with '%s'%s" % (
+            what, message, "" if any(message in p for p in found) else ": got %s" % found))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+# The manifest stays one file that Python can read (tools/manifest.py): the scripts outside Bazel use it.
+expect([l.dir for l in manifest.load()] == [l.dir for l in lessons], "tools/manifest.py reads the same lessons")
+
+print("%d failed" % len(failures))
+sys.exit(1 if failures else 0)
