@@ -13,14 +13,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <exception>
 #include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <torch/torch.h>
@@ -57,6 +55,11 @@ struct Data {
 
 using workshop::test::rel_error;
 using workshop::test::values_of;
+
+// Rank r's loss on its shard of `data` (of n ranks): the mean over its items.
+torch::Tensor shard_loss(torch::nn::Sequential& model, const Data& data, int r, int n) {
+  return torch::mse_loss(model->forward(ddp::shard(data.x, r, n)), ddp::shard(data.y, r, n));
+}
 
 dist::LaunchOptions launch(int world_size, int timeout_ms = 10000);
 
@@ -117,23 +120,6 @@ int leftover_store_folders() {
     if (entry.path().filename().string().rfind("workshop_ranks_", 0) == 0) ++count;
   }
   return count;
-}
-
-// Runs `fn` on a new thread and returns its result; an exception it throws is rethrown here (a thread must not
-// let one escape: that would end the whole test program).
-int64_t on_fresh_thread(const std::function<int64_t()>& fn) {
-  int64_t result = -1;
-  std::exception_ptr error;
-  std::thread worker([&] {
-    try {
-      result = fn();
-    } catch (...) {
-      error = std::current_exception();
-    }
-  });
-  worker.join();
-  if (error) std::rethrow_exception(error);
-  return result;
 }
 
 }  // namespace
@@ -230,7 +216,7 @@ TEST_CASE("[step1] average_gradients agrees first: a missing gradient or another
       [&](dist::Comm& comm) {
         const int r = comm.rank();
         const auto params = models[r]->parameters();
-        torch::mse_loss(models[r]->forward(ddp::shard(data.x, r, 2)), ddp::shard(data.y, r, 2)).backward();
+        shard_loss(models[r], data, r, 2).backward();
         if (r == 1) params[3].mutable_grad() = torch::Tensor();
         try {
           ddp::average_gradients(comm, params);
@@ -446,7 +432,7 @@ TEST_CASE(
       [&](dist::Comm& comm) {
         const int r = comm.rank();
         const auto params = models[r]->parameters();
-        torch::mse_loss(models[r]->forward(ddp::shard(data.x, r, 2)), ddp::shard(data.y, r, 2)).backward();
+        shard_loss(models[r], data, r, 2).backward();
         if (r == 0) params[5].mutable_grad() = torch::Tensor();
         ddp::average_gradients_bucketed(comm, params, ddp::make_buckets(params, 1000, 300));
       },
@@ -603,7 +589,7 @@ TEST_CASE("[step3] ranks that freeze or tie differently get a clear error at con
             for (int i : {0, 1}) params[i].requires_grad_(false);  // only rank 1 freezes the first layer
           }
           ddp::Reducer reducer(comm, params);
-          torch::mse_loss(models[r]->forward(ddp::shard(data.x, r, 2)), ddp::shard(data.y, r, 2)).backward();
+          shard_loss(models[r], data, r, 2).backward();
           reducer.finish();
         },
         tie ? "rank 0 has 6 parameters with 484 elements, rank 1 has 7 parameters with 548 elements"
@@ -668,7 +654,7 @@ TEST_CASE("[step3] a parameter unused on one rank only gives the error on every 
     auto params = models[r]->parameters();
     params.push_back(extra[r]);
     ddp::Reducer reducer(comm, params);
-    torch::Tensor loss = torch::mse_loss(models[r]->forward(ddp::shard(data.x, r, 2)), ddp::shard(data.y, r, 2));
+    torch::Tensor loss = shard_loss(models[r], data, r, 2);
     if (r == 0) loss = loss + extra[r].sum() * 0;  // rank 0 uses it, rank 1 does not
     loss.backward();
     reducer.finish();
@@ -706,7 +692,7 @@ TEST_CASE("[step3] a forgotten finish() gives a clear error on every rank") {
     const int r = comm.rank();
     ddp::Reducer reducer(comm, models[r]->parameters());
     for (int step = 0; step < 2; ++step) {  // no finish() after the first backward
-      torch::mse_loss(models[r]->forward(ddp::shard(data.x, r, 2)), ddp::shard(data.y, r, 2)).backward();
+      shard_loss(models[r], data, r, 2).backward();
     }
     reducer.finish();
   });
@@ -724,7 +710,7 @@ TEST_CASE("[step3] finish() forgotten on one rank only gives a clear error on ev
       options.overlap = overlap;
       ddp::Reducer reducer(comm, models[r]->parameters(), options);
       for (int step = 0; step < 2; ++step) {
-        torch::mse_loss(models[r]->forward(ddp::shard(data.x, r, 2)), ddp::shard(data.y, r, 2)).backward();
+        shard_loss(models[r], data, r, 2).backward();
         if (r == 0) reducer.finish();  // rank 1 forgets it
       }
     });
@@ -813,7 +799,7 @@ TEST_CASE("[step3] after zero_grad() left defined zero gradients, an unused para
           for (auto& p : params) {
             if (p.grad().defined()) p.mutable_grad().zero_();  // as 1.13's zero_grad(), on both stacks
           }
-          torch::Tensor loss = torch::mse_loss(models[r]->forward(ddp::shard(data.x, r, 2)), ddp::shard(data.y, r, 2));
+          torch::Tensor loss = shard_loss(models[r], data, r, 2);
           if (iteration == 0 || r == 0) loss = loss + extra[r].pow(2).sum();  // rank 1 drops it in iteration 2
           loss.backward();
           reducer.finish();
@@ -1251,18 +1237,14 @@ TEST_CASE("[step5] optimizer-state bytes per rank fall as 1/N, measured with les
       ddp::ZeroOptimizer zero(comm, model->parameters(), adam);
       torch::mse_loss(model->forward(ddp::shard(x, r, n)), ddp::shard(y, r, n)).backward();
       reducer.finish();
-      // The step runs on a fresh thread of its own, measured by a meter of that thread. The ranks are threads of
-      // one process, and a per-thread meter charges a free to the thread that ALLOCATED the tensor, whichever
-      // thread frees it: measured on the rank's own thread, the figure once came out 64 bytes short (33728 for
-      // 33792), because Gloo's worker dropped its reference to finish()'s map of 16 floats, allocated by this
-      // rank before the step, during the step. No barrier or wait can rule that out (Gloo releases its work after
-      // wait() returns). A fresh thread owns nothing allocated before the meter started, so what it counts is
-      // exactly what the step allocated and kept: the new state, on every run.
-      measured[r] = on_fresh_thread([&] {
-        workshop::MemoryMeter meter(c10::Device(c10::kCPU), workshop::MeterScope::kThisThread);
-        zero.step_local();
-        return meter.current_bytes();
-      });
+      // The step runs on a fresh thread of its own, measured by a meter of that thread (cpu_bytes_kept_by). The
+      // ranks are threads of one process, and a per-thread meter charges a free to the thread that ALLOCATED the
+      // tensor, whichever thread frees it: measured on the rank's own thread, the figure once came out 64 bytes
+      // short (33728 for 33792), because Gloo's worker dropped its reference to finish()'s map of 16 floats,
+      // allocated by this rank before the step, during the step. No barrier or wait can rule that out (Gloo
+      // releases its work after wait() returns). A fresh thread owns nothing allocated before the meter started,
+      // so what it counts is exactly what the step allocated and kept: the new state, on every run.
+      measured[r] = workshop::cpu_bytes_kept_by([&] { zero.step_local(); });
       zero.sync_parameters();
     });
     for (int r = 0; r < n; ++r) {

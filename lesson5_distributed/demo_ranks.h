@@ -100,8 +100,8 @@ struct Result {
   double napkin_bytes_per_step = 0;   ///< ring all-reduce 2(N-1)/N + broadcast (N-1)/N, sent per rank
   double median_ms = 0;
   double min_ms = 0, max_ms = 0;
-  int64_t optimizer_state_bytes = 0;  ///< per rank, counted by workshop::MemoryMeter in this rank's process
-  double rel_diff = 0;                ///< parameters after the steps vs the per-parameter variant
+  int64_t optimizer_state_bytes = 0;                  ///< per rank: workshop::cpu_bytes_kept_by(step 1)
+  double rel_diff = 0;                                ///< parameters after the steps vs the per-parameter variant
   double all_reduce_calls = 0, all_reduce_bytes = 0;  ///< per step (payload, not wire bytes)
   double broadcast_calls = 0, broadcast_bytes = 0;    ///< per step
   std::vector<double> round_ms;  ///< the median step of each round (median_ms: the median of these)
@@ -294,6 +294,7 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
       if (kind == kOverlap || kind == kZero) {
         ddp::ReducerOptions options;
         options.bucket_bytes = c.bucket_bytes;
+        options.first_bucket_bytes = c.bucket_bytes;  // the bucketed row's buckets (and the bench peer's DDP cap)
         reducer = std::make_unique<ddp::Reducer>(comm, params, options);
       }
       const std::vector<ddp::Bucket> buckets = ddp::make_buckets(params, c.bucket_bytes);
@@ -313,15 +314,21 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
         if (kind == kPerParameter) ddp::average_gradients(comm, params);                // one call per parameter
         if (kind == kBucketed) ddp::average_gradients_bucketed(comm, params, buckets);  // one per bucket
         if (reducer) reducer->finish();  // buckets went out during backward; wait for them
-        workshop::MemoryMeter meter;     // this process = this rank: its optimizer state appears at step 1
-        if (zero) {
-          zero->step_local();
-          if (first) state_bytes = meter.current_bytes();
-          zero->sync_parameters();
+        // The optimizer state appears at step 1: measured on a fresh thread (cpu_bytes_kept_by), since a meter of
+        // this process also saw Gloo's threads free the buffers they held during the step (a 1 MiB bucket).
+        auto optimizer_step = [&] {
+          if (zero) {
+            zero->step_local();
+          } else {
+            adam.step();
+          }
+        };
+        if (first) {
+          state_bytes = workshop::cpu_bytes_kept_by(optimizer_step);
         } else {
-          adam.step();
-          if (first) state_bytes = meter.current_bytes();
+          optimizer_step();
         }
+        if (zero) zero->sync_parameters();
       };
       // [demo_step]
       step(true);
