@@ -211,7 +211,7 @@ ZeroOptimizer::ZeroOptimizer(dist::Comm& comm, std::vector<at::Tensor> params, c
     : comm_(comm), params_(std::move(params)) {
   // TODO(lesson5, step 5): Reject no parameters; keep each tensor of params_ once (tied weights: a
   // std::unordered_set of p.unsafeGetTensorImpl(), as the Reducer); check_same_shapes over that list; owners_ =
-  // partition_parameters; local_ = factory(the parameters this rank owns, maybe none).
+  // partition_parameters; local_ = factory(the parameters this rank owns; none: {empty_shard()}, given).
   TORCH_CHECK(false, "TODO(lesson5, step 5): ZeroOptimizer() is not implemented yet");
 }
 
@@ -232,10 +232,10 @@ void ZeroOptimizer::step() {
 }
 
 bool ZeroOptimizer::step(ShardedGradScaler& scaler) {
-  // TODO(lesson5, step 5): Throw, before any collective, when scaler.comm() is not comm_ or when any rank
-  // owns no parameters ("owns no parameters": every rank knows owners_, so every rank throws).
-  // scaler.step(*local_) (it unscales and agrees unless already done); sync_parameters() only when it
-  // stepped (every rank agrees, so the broadcasts match up). Return whether it stepped.
+  // TODO(lesson5, step 5): Throw, before any collective, when scaler.comm() is not comm_.
+  // scaler.step(*local_) (it unscales and agrees unless already done; a rank with the empty shard joins with 0);
+  // sync_parameters() only when it stepped (every rank agrees, so the broadcasts match up). Return whether it
+  // stepped.
   TORCH_CHECK(false, "TODO(lesson5, step 5): ZeroOptimizer::step(scaler) is not implemented yet");
 }
 // [zero]
@@ -245,6 +245,7 @@ ZeroOptimizer::~ZeroOptimizer() = default;
 
 void ZeroOptimizer::zero_grad() {
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  if (empty_shard_.defined()) empty_shard_.mutable_grad() = at::zeros({0}, empty_shard_.options());
 }
 
 int64_t ZeroOptimizer::state_bytes() const {

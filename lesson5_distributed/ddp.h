@@ -264,8 +264,9 @@ class ZeroOptimizer {
   /// Step 5. Keeps each tensor once (a tensor listed twice, e.g. tied weights, would be stepped twice by one
   /// optimizer, or have its state on two ranks), then check_same_shapes over that list (a model that differs
   /// across ranks gives the shape error on every rank, not mismatched broadcasts), partitions it and makes this
-  /// rank's optimizer over its own ones with `factory` (over an empty list on a rank that owns nothing). owners()
-  /// is indexed by that list. Errors: no parameters.
+  /// rank's optimizer over its own ones with `factory`; a rank that owns nothing gets empty_shard() instead, so
+  /// that its optimizer and scaler have a (zero-sized) shard. owners() is indexed by that list. Errors: no
+  /// parameters.
   ZeroOptimizer(dist::Comm& comm, std::vector<at::Tensor> params, const OptimizerFactory& factory);
   ~ZeroOptimizer();
 
@@ -278,11 +279,18 @@ class ZeroOptimizer {
   /// Step 5. With the ShardedGradScaler (step 4): scaler.step(this rank's optimizer), which unscales (and
   /// agrees) unless the caller already called scaler.unscale_(local_optimizer()); sync_parameters() when it
   /// stepped (every rank agrees, so the broadcasts match). Returns whether the step ran. The caller calls
-  /// scaler.update(). Errors, on every rank before any collective: a rank that owns no parameter ("owns no
-  /// parameters": its scaler would have no gradient to unscale); a scaler on another communicator.
+  /// scaler.update(). A rank that owns no parameter takes part with its empty shard: its unscale_ finds no inf
+  /// and joins the agreement with 0, as PyTorch's ShardedGradScaler lets such a rank do. Errors: a scaler on
+  /// another communicator (before any collective).
   bool step(ShardedGradScaler& scaler);
-  /// Step 5. Sets every gradient to none (all parameters, not only the owned ones).
+  /// Step 5. Sets every gradient to none (all parameters, not only the owned ones); keeps the empty shard's.
   void zero_grad();
+
+  /// Given (given.cc). The shard of a rank that owns no parameter: a parameter of 0 elements (requires grad, of
+  /// the first parameter's dtype and device) with a gradient of 0 elements, which zero_grad() keeps defined. Its
+  /// optimizer state holds 0 bytes; lesson 1's unscale_ finds one gradient (empty) to unscale, no inf in it.
+  /// FSDP's ranks without a real shard hold such zero-sized shards too (sharded_grad_scaler.py).
+  at::Tensor empty_shard();
 
   /// Bytes of optimizer state this rank holds (the state tensors of its optimizer, counted).
   int64_t state_bytes() const;
@@ -294,6 +302,7 @@ class ZeroOptimizer {
   std::vector<at::Tensor> params_;
   std::vector<int> owners_;
   std::unique_ptr<torch::optim::Optimizer> local_;
+  at::Tensor empty_shard_;  ///< empty_shard()'s parameter, on a rank that owns nothing
 };
 
 /// One rank's parameters as three int64 numbers: how many, how many elements, and a hash of every shape and

@@ -1,6 +1,7 @@
 // Lesson 5 — given code (not an exercise), compiled into both the skeleton and the reference solution.
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
@@ -50,6 +51,13 @@ void Reducer::fail_not_synced() {
               ": Reducer::finish: this backward did not sync (its forward ran inside NoSync), so there is nothing to "
               "finish: call finish() after the window's last backward only, and run every forward through "
               "Reducer::forward on every rank");
+}
+
+at::Tensor ZeroOptimizer::empty_shard() {
+  at::NoGradGuard no_grad;
+  empty_shard_ = at::zeros({0}, params_.front().options()).requires_grad_(true);
+  empty_shard_.mutable_grad() = at::zeros({0}, empty_shard_.options());
+  return empty_shard_;
 }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {

@@ -427,7 +427,8 @@ ZeroOptimizer::ZeroOptimizer(dist::Comm& comm, std::vector<at::Tensor> params, c
   for (size_t i = 0; i < params_.size(); ++i) {
     if (owners_[i] == comm_.rank()) mine.push_back(params_[i]);
   }
-  local_ = factory(mine);  // optimizer state only for this rank's share
+  if (mine.empty()) mine.push_back(empty_shard());  // owns nothing: a zero-sized shard, to join the agreements
+  local_ = factory(mine);                           // optimizer state only for this rank's share
 }
 
 void ZeroOptimizer::step_local() { local_->step(); }
@@ -446,13 +447,6 @@ void ZeroOptimizer::step() {
 
 bool ZeroOptimizer::step(ShardedGradScaler& scaler) {
   TORCH_CHECK(&scaler.comm() == &comm_, "ZeroOptimizer::step: the ShardedGradScaler is on another communicator");
-  // Every rank knows the partition: all throw here, before any collective, instead of one failing alone.
-  for (int r = 0; r < comm_.world_size(); ++r) {
-    TORCH_CHECK(std::find(owners_.begin(), owners_.end(), r) != owners_.end(), "rank ", comm_.rank(),
-                ": ZeroOptimizer::step(scaler): rank ", r, " owns no parameters (", params_.size(), " parameters on ",
-                comm_.world_size(), " ranks), so its scaler has no gradient to unscale; use at most ", params_.size(),
-                " ranks");
-  }
   // The sharded scaler agrees on found_inf inside unscale_ (an inf may sit in another rank's shard), so every
   // rank steps or skips alike and the broadcasts match.
   const bool stepped = scaler.step(*local_);
@@ -465,6 +459,7 @@ ZeroOptimizer::~ZeroOptimizer() = default;
 
 void ZeroOptimizer::zero_grad() {
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  if (empty_shard_.defined()) empty_shard_.mutable_grad() = at::zeros({0}, empty_shard_.options());
 }
 
 int64_t ZeroOptimizer::state_bytes() const { return optimizer_state_bytes(*local_); }
