@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include <c10/core/CPUAllocator.h>
@@ -128,6 +130,23 @@ void check_device(c10::Device device) {
 }  // namespace
 
 int64_t cpu_allocated_bytes() { return counting_cpu_allocator().current(); }
+
+int64_t cpu_bytes_kept_by(const std::function<void()>& fn) {
+  int64_t kept = 0;
+  std::exception_ptr error;
+  std::thread worker([&] {
+    try {
+      MemoryMeter meter(c10::Device(c10::kCPU), MeterScope::kThisThread);
+      fn();
+      kept = meter.current_bytes();
+    } catch (...) {
+      error = std::current_exception();  // an exception must not leave a thread: it would end the program
+    }
+  });
+  worker.join();
+  if (error) std::rethrow_exception(error);
+  return kept;
+}
 
 MemoryMeter::MemoryMeter(c10::Device device, MeterScope scope) : device_(device), scope_(scope) {
   check_device(device);

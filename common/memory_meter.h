@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include <c10/core/Device.h>
 
@@ -43,5 +44,13 @@ class MemoryMeter {
 
 /// Bytes of tensor storage the CPU allocator holds right now (counting allocator; installs it if needed).
 int64_t cpu_allocated_bytes();
+
+/// Runs `fn` on a new thread and returns the bytes of CPU tensor storage that this thread allocated and still
+/// holds when `fn` returns (a MeterScope::kThisThread meter on a thread that owns nothing older than the meter).
+/// For "what does this step keep?" where other threads free tensors at times of their own: a per-thread meter
+/// charges a free to the thread that ALLOCATED the tensor, so on a thread that ran earlier work (a rank that
+/// handed buffers to Gloo, whose worker threads drop them after wait() has returned) such a free can land in the
+/// window; on a fresh thread it cannot. An exception from `fn` is rethrown here.
+int64_t cpu_bytes_kept_by(const std::function<void()>& fn);
 
 }  // namespace workshop

@@ -62,11 +62,22 @@ void sync_module_states(dist::Comm& comm, const std::vector<at::Tensor>& params,
 }
 // [sync_module_states]
 
+// [check_gradients_ready]
+void check_gradients_ready(dist::Comm& comm, const std::vector<at::Tensor>& params) {
+  // TODO(lesson5, step 1): Find this rank's first parameter whose .grad is undefined (-1: none). all_gather
+  // at::cat({describe(params), that index as a one-element int64 tensor}) (on comm.device()). Compare the first
+  // three numbers of every rank with rank 0's as check_same_shapes does ("parameter shapes differ across
+  // ranks"); then, for the lowest rank r whose index i is >= 0, throw on EVERY rank "parameter i has no
+  // gradient on rank r". No rank may throw before the all-gather: its peers would wait for it.
+  TORCH_CHECK(false, "TODO(lesson5, step 1): check_gradients_ready() is not implemented yet");
+}
+// [check_gradients_ready]
+
 // [average_gradients]
 void average_gradients(dist::Comm& comm, const std::vector<at::Tensor>& params) {
-  // TODO(lesson5, step 1): For every parameter: TORCH_CHECK that its .grad is defined (else say it "has no
-  // gradient"), then average_(comm, its grad): one all-reduce per parameter. A non-contiguous gradient
-  // needs a contiguous copy, averaged, then copied back.
+  // TODO(lesson5, step 1): check_gradients_ready(comm, params) first. Then for every parameter
+  // average_(comm, its grad): one all-reduce per parameter. A non-contiguous gradient needs a contiguous copy,
+  // averaged, then copied back into .grad.
   TORCH_CHECK(false, "TODO(lesson5, step 1): average_gradients() is not implemented yet");
 }
 // [average_gradients]
@@ -87,9 +98,8 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t 
 // [average_gradients_bucketed]
 void average_gradients_bucketed(dist::Comm& comm, const std::vector<at::Tensor>& params,
                                 const std::vector<Bucket>& buckets) {
-  // TODO(lesson5, step 2): First check_same_shapes(comm, params). Then for every bucket: at::cat the flattened
-  // (reshape({-1})) gradients of its parameters (each must exist: "has no gradient"), average_ the flat
-  // buffer (ONE all-reduce per bucket),
+  // TODO(lesson5, step 2): First check_gradients_ready(comm, params). Then for every bucket: at::cat the
+  // flattened (reshape({-1})) gradients of its parameters, average_ the flat buffer (ONE all-reduce per bucket),
   // and copy each parameter's slice back: grad.copy_(flat.narrow(0, offset, numel).view_as(grad)).
   TORCH_CHECK(false, "TODO(lesson5, step 2): average_gradients_bucketed() is not implemented yet");
 }
@@ -99,7 +109,9 @@ void average_gradients_bucketed(dist::Comm& comm, const std::vector<at::Tensor>&
 Reducer::Reducer(dist::Comm& comm, std::vector<at::Tensor> params, ReducerOptions options)
     : comm_(comm), options_(options) {
   // TODO(lesson5, step 3): sync_module_states(comm_, params) (all of them). Keep in params_ only those that
-  // require grad, each tensor once (a std::unordered_set of p.unsafeGetTensorImpl()); none left is an error.
+  // require grad, each tensor once (a std::unordered_set of p.unsafeGetTensorImpl()), and check_same_shapes
+  // over params_ too (ranks that freeze or tie differently pass the first check); rethrow its error prefixed
+  // with "the parameters that require grad, each once, differ across ranks". None left is then an error.
   // buckets_ = make_buckets(params_, both limits of options_). For every bucket b and parameter i in it: bucket_of_[i] = b, offset_of_[i] = running offset; one flat
   // buffer per bucket (at::empty({numel}, first parameter's options without requires_grad)); missing_[b] =
   // its parameter count; ready_ all false; work_.resize(buckets). Then per parameter:
@@ -131,12 +143,14 @@ void Reducer::grad_ready(size_t index, const at::Tensor& grad) {
 // [finish]
 void Reducer::finish() {
   // TODO(lesson5, step 3): Reset ready_, missing_, work_, next_to_launch_, forward_sync_ and synced_backward_
-  // for the next backward when leaving, also when throwing. Mark every parameter that is not ready in a float
-  // map (1 per such parameter) and zero its slot; launch the buckets not launched yet (in order); then
-  // comm_.all_reduce the map: the same calls on every rank. Wait for every bucket. An entry of at least
-  // kForgottenFinish: throw "another rank's finish() was not called" (fail_unfinished on that rank). Any other
-  // non-zero entry: throw on every rank "got no gradient", with the parameter and on how many ranks. Else copy each slice (view_as
-  // the parameter) into .grad.
+  // for the next backward when leaving, also when throwing. When this backward did not sync (forward_sync_ == 0,
+  // or forward_sync_ < 0 and sync_ false): fail_not_synced() (given: a peer that synced is waiting). Mark every
+  // parameter that is not ready in a float map (1 per such parameter) and zero its slot; launch the buckets not
+  // launched yet (in order); then comm_.all_reduce the map: the same calls on every rank. Wait for every bucket.
+  // An entry of at least kForgottenFinish: throw "another rank's finish() was not called" (fail_unfinished on
+  // that rank); of at least kNotSynced: "another rank's backward did not sync (its forward ran inside NoSync)".
+  // Any other non-zero entry: throw on every rank "got no gradient", with the parameter and on how many ranks.
+  // Else copy each slice (view_as the parameter) into .grad.
   TORCH_CHECK(false, "TODO(lesson5, step 3): Reducer::finish() is not implemented yet");
 }
 // [finish]
@@ -195,8 +209,9 @@ std::vector<int> partition_parameters(const std::vector<at::Tensor>& params, int
 // [zero]
 ZeroOptimizer::ZeroOptimizer(dist::Comm& comm, std::vector<at::Tensor> params, const OptimizerFactory& factory)
     : comm_(comm), params_(std::move(params)) {
-  // TODO(lesson5, step 5): Reject no parameters; check_same_shapes; owners_ = partition_parameters; local_ =
-  // factory(the parameters this rank owns, maybe none).
+  // TODO(lesson5, step 5): Reject no parameters; keep each tensor of params_ once (tied weights: a
+  // std::unordered_set of p.unsafeGetTensorImpl(), as the Reducer); check_same_shapes over that list; owners_ =
+  // partition_parameters; local_ = factory(the parameters this rank owns; none: {empty_shard()}, given).
   TORCH_CHECK(false, "TODO(lesson5, step 5): ZeroOptimizer() is not implemented yet");
 }
 
@@ -217,10 +232,10 @@ void ZeroOptimizer::step() {
 }
 
 bool ZeroOptimizer::step(ShardedGradScaler& scaler) {
-  // TODO(lesson5, step 5): Throw, before any collective, when scaler.comm() is not comm_ or when any rank
-  // owns no parameters ("owns no parameters": every rank knows owners_, so every rank throws).
-  // scaler.step(*local_) (it unscales and agrees unless already done); sync_parameters() only when it
-  // stepped (every rank agrees, so the broadcasts match up). Return whether it stepped.
+  // TODO(lesson5, step 5): Throw, before any collective, when scaler.comm() is not comm_.
+  // scaler.step(*local_) (it unscales and agrees unless already done; a rank with the empty shard joins with 0);
+  // sync_parameters() only when it stepped (every rank agrees, so the broadcasts match up). Return whether it
+  // stepped.
   TORCH_CHECK(false, "TODO(lesson5, step 5): ZeroOptimizer::step(scaler) is not implemented yet");
 }
 // [zero]
@@ -230,6 +245,7 @@ ZeroOptimizer::~ZeroOptimizer() = default;
 
 void ZeroOptimizer::zero_grad() {
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  if (empty_shard_.defined()) empty_shard_.mutable_grad() = at::zeros({0}, empty_shard_.options());
 }
 
 int64_t ZeroOptimizer::state_bytes() const {

@@ -52,9 +52,16 @@ void check_same_shapes(dist::Comm& comm, const std::vector<at::Tensor>& params);
 void sync_module_states(dist::Comm& comm, const std::vector<at::Tensor>& params,
                         const std::vector<at::Tensor>& buffers = {});
 
-/// Step 1. The baseline: after backward, averages every parameter's gradient across the ranks with ONE
-/// all-reduce PER PARAMETER (calls = number of parameters). Errors: "has no gradient" for a parameter whose
-/// .grad is undefined.
+/// Step 1. Before any gradient is sent (both after-backward paths call it first): one all-gather of 4 int64 per
+/// rank, whatever the model — describe(params) and the index of this rank's first parameter without a gradient
+/// (-1: none) — so that every rank learns the same facts and throws the same error instead of one rank throwing
+/// while its peers wait in an all-reduce. Errors, on EVERY rank: "parameter shapes differ across ranks" (as
+/// check_same_shapes); "parameter i has no gradient on rank r" (the lowest such rank).
+void check_gradients_ready(dist::Comm& comm, const std::vector<at::Tensor>& params);
+
+/// Step 1. The baseline: after backward, check_gradients_ready, then averages every parameter's gradient across
+/// the ranks with ONE all-reduce PER PARAMETER (calls = number of parameters). A non-contiguous gradient gets
+/// the average back in place (through a contiguous copy). Errors: those of check_gradients_ready.
 void average_gradients(dist::Comm& comm, const std::vector<at::Tensor>& params);
 
 // ---- Step 2: bucketing --------------------------------------------------------------------------------------
@@ -77,11 +84,12 @@ struct Bucket {
 std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t bucket_bytes,
                                  int64_t first_bucket_bytes = 0);
 
-/// Step 2. After backward, averages the gradients bucket by bucket: check_same_shapes first (one all-gather of
-/// 24 bytes: a model that differs across ranks gives the shape error on every rank, not mismatched buckets),
-/// then flatten each bucket's gradients into one contiguous buffer, average_ it (one all-reduce per bucket) and
+/// Step 2. After backward, averages the gradients bucket by bucket: check_gradients_ready first (one all-gather
+/// of 32 bytes: a model that differs across ranks, or a gradient missing on one rank, gives the same error on
+/// every rank, not mismatched buckets or a timeout), then flatten each bucket's gradients into one contiguous buffer, average_ it (one all-reduce per bucket) and
 /// copy the averages back into every .grad. All-reduce calls = buckets.size(); bytes = all gradients' bytes, the
-/// same as average_gradients. Errors: "has no gradient", a bucket that names a parameter index out of range.
+/// same as average_gradients. Errors: those of check_gradients_ready, a bucket that names a parameter index out
+/// of range.
 void average_gradients_bucketed(dist::Comm& comm, const std::vector<at::Tensor>& params,
                                 const std::vector<Bucket>& buckets);
 
@@ -101,9 +109,13 @@ class Reducer {
  public:
   /// Step 3. sync_module_states(comm, params) (shapes checked, every parameter broadcast from rank 0, as DDP's
   /// constructor does); then, like DDP, keeps only the parameters that require grad, each once (a tensor listed
-  /// twice, e.g. tied weights, is reduced once); makes the buckets (make_buckets with both limits) and one flat
-  /// buffer per bucket, and registers a gradient hook on every kept parameter that calls grad_ready(i, grad).
-  /// Errors: no parameter requires grad.
+  /// twice, e.g. tied weights, is reduced once); checks the kept list across the ranks too (check_same_shapes,
+  /// as DDP verifies the parameters it reduces: ranks that freeze different layers or tie weights differently
+  /// pass the check of the whole model), makes the buckets (make_buckets with both limits) and one flat buffer
+  /// per bucket, and registers a gradient hook on every kept parameter that calls grad_ready(i, grad).
+  /// Errors, on every rank: "the parameters that require grad, each once, differ across ranks" followed by
+  /// check_same_shapes' "parameter shapes differ across ranks: rank 0 has 6 parameters ..., rank 1 has 4 ...";
+  /// no parameter requires grad.
   Reducer(dist::Comm& comm, std::vector<at::Tensor> params, ReducerOptions options = {});
   ~Reducer();
   Reducer(const Reducer&) = delete;
@@ -124,7 +136,9 @@ class Reducer {
   /// parameters' .grad; resets for the next backward. Errors, on EVERY rank when any rank lacks a gradient:
   /// "got no gradient" naming the parameter and on how many ranks (unused parameters are not supported); when
   /// an entry of the map is above the world size (kForgottenFinish: a rank that never called its finish() for
-  /// this backward, see fail_unfinished): "another rank's finish() was not called".
+  /// this backward, see fail_unfinished): "another rank's finish() was not called"; when this backward did not
+  /// sync (its forward ran inside NoSync): fail_not_synced(), which tells the peers, whose entries are then at
+  /// least kNotSynced: "another rank's backward did not sync (its forward ran inside NoSync)".
   void finish();
 
   /// Given (given.cc). For grad_ready() and forward() when they find that finish() was not called after the
@@ -135,6 +149,14 @@ class Reducer {
   /// calls meet each other's and every rank fails the same way.
   [[noreturn]] void fail_unfinished(const char* where);
   static constexpr float kForgottenFinish = 1e6f;
+
+  /// Given (given.cc). For finish() called after a backward that did not sync (its forward ran inside NoSync,
+  /// or, without forward(), its backward did): a peer whose backward synced waits in its finish(), so this rank
+  /// makes the calls a synced finish() makes (every bucket, then the map with every entry kNotSynced) and throws
+  /// "this backward did not sync (its forward ran inside NoSync)"; the peers' finish() read the mark. When no rank
+  /// synced, their calls meet each other's and every rank fails the same way.
+  [[noreturn]] void fail_not_synced();
+  static constexpr float kNotSynced = 1e3f;
 
   /// Step 4. Runs `forward_fn` (the model's forward) and records whether the backward of its output
   /// communicates: sync() as it is NOW, as DDP's forward reads require_backward_grad_sync (leaving NoSync
@@ -157,6 +179,8 @@ class Reducer {
   int64_t launched_in_backward() const { return launched_in_backward_; }
 
  private:
+  void tell_peers(float mark);  ///< given: the calls of finish() with the map full of `mark` (see fail_unfinished)
+
   dist::Comm& comm_;
   std::vector<at::Tensor> params_;
   ReducerOptions options_;
@@ -237,9 +261,12 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 /// parameter is broadcast from its owner, so all ranks end with the same, fully updated, parameters.
 class ZeroOptimizer {
  public:
-  /// Step 5. check_same_shapes (a model that differs across ranks gives the shape error on every rank, not
-  /// mismatched broadcasts), partitions the parameters and makes this rank's optimizer over its own ones with
-  /// `factory` (over an empty list on a rank that owns nothing). Errors: no parameters.
+  /// Step 5. Keeps each tensor once (a tensor listed twice, e.g. tied weights, would be stepped twice by one
+  /// optimizer, or have its state on two ranks), then check_same_shapes over that list (a model that differs
+  /// across ranks gives the shape error on every rank, not mismatched broadcasts), partitions it and makes this
+  /// rank's optimizer over its own ones with `factory`; a rank that owns nothing gets empty_shard() instead, so
+  /// that its optimizer and scaler have a (zero-sized) shard. owners() is indexed by that list. Errors: no
+  /// parameters.
   ZeroOptimizer(dist::Comm& comm, std::vector<at::Tensor> params, const OptimizerFactory& factory);
   ~ZeroOptimizer();
 
@@ -252,11 +279,18 @@ class ZeroOptimizer {
   /// Step 5. With the ShardedGradScaler (step 4): scaler.step(this rank's optimizer), which unscales (and
   /// agrees) unless the caller already called scaler.unscale_(local_optimizer()); sync_parameters() when it
   /// stepped (every rank agrees, so the broadcasts match). Returns whether the step ran. The caller calls
-  /// scaler.update(). Errors, on every rank before any collective: a rank that owns no parameter ("owns no
-  /// parameters": its scaler would have no gradient to unscale); a scaler on another communicator.
+  /// scaler.update(). A rank that owns no parameter takes part with its empty shard: its unscale_ finds no inf
+  /// and joins the agreement with 0, as PyTorch's ShardedGradScaler lets such a rank do. Errors: a scaler on
+  /// another communicator (before any collective).
   bool step(ShardedGradScaler& scaler);
-  /// Step 5. Sets every gradient to none (all parameters, not only the owned ones).
+  /// Step 5. Sets every gradient to none (all parameters, not only the owned ones); keeps the empty shard's.
   void zero_grad();
+
+  /// Given (given.cc). The shard of a rank that owns no parameter: a parameter of 0 elements (requires grad, of
+  /// the first parameter's dtype and device) with a gradient of 0 elements, which zero_grad() keeps defined. Its
+  /// optimizer state holds 0 bytes; lesson 1's unscale_ finds one gradient (empty) to unscale, no inf in it.
+  /// FSDP's ranks without a real shard hold such zero-sized shards too (sharded_grad_scaler.py).
+  at::Tensor empty_shard();
 
   /// Bytes of optimizer state this rank holds (the state tensors of its optimizer, counted).
   int64_t state_bytes() const;
@@ -268,6 +302,7 @@ class ZeroOptimizer {
   std::vector<at::Tensor> params_;
   std::vector<int> owners_;
   std::unique_ptr<torch::optim::Optimizer> local_;
+  at::Tensor empty_shard_;  ///< empty_shard()'s parameter, on a rank that owns nothing
 };
 
 /// One rank's parameters as three int64 numbers: how many, how many elements, and a hash of every shape and

@@ -172,7 +172,8 @@ int main(int argc, char** argv) {
     std::cout << "\nNapkin math: link " << workshop::fixed(bytes_per_s * 8 / 1e9, 3) << " Gbit/s per rank ("
               << (link_gbit > 0 ? "kernel-shaped rate" : "measured") << "; the large all-reduce measured "
               << workshop::fixed(measured_bytes_per_s * 8 / 1e9, 3) << "), " << workshop::fixed(delay_ms, 3)
-              << " ms simulated + " << workshop::fixed(link_delay_ms, 3) << " ms kernel per call; "
+              << " ms simulated per call + " << workshop::fixed(link_delay_ms, 3)
+              << " ms kernel per step of a collective (2 (N - 1) per all-reduce); "
               << "a call's own cost " << workshop::fixed(own.all_reduce_ms, 3) << " ms per all-reduce, "
               << workshop::fixed(own.broadcast_ms, 3) << " ms per broadcast (bursts of " << l5demo::kBurst << " "
               << workshop::mib(extras.tiny_bytes) << " calls took " << workshop::fixed(extras.reduce_call_ms, 3)
@@ -186,7 +187,7 @@ int main(int argc, char** argv) {
     for (size_t k = 0; k < results.size(); ++k) {
       const l5demo::Result& r = results[k];
       const l5demo::Napkin nk =
-          l5demo::napkin(static_cast<int>(k), r, extras, world_size, bytes_per_s, delay_ms + link_delay_ms);
+          l5demo::napkin(static_cast<int>(k), r, extras, world_size, bytes_per_s, delay_ms, link_delay_ms);
       std::string rounds_text;
       for (double ms : r.round_ms) rounds_text += (rounds_text.empty() ? "" : " ") + workshop::fixed(ms, 1);
       napkins.add({r.variant, std::to_string(world_size), std::to_string(r.collectives_per_step),

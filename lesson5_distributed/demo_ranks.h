@@ -100,20 +100,27 @@ struct Result {
   double napkin_bytes_per_step = 0;   ///< ring all-reduce 2(N-1)/N + broadcast (N-1)/N, sent per rank
   double median_ms = 0;
   double min_ms = 0, max_ms = 0;
-  int64_t optimizer_state_bytes = 0;  ///< per rank, counted by workshop::MemoryMeter in this rank's process
-  double rel_diff = 0;                ///< parameters after the steps vs the per-parameter variant
+  int64_t optimizer_state_bytes = 0;                  ///< per rank: workshop::cpu_bytes_kept_by(step 1)
+  double rel_diff = 0;                                ///< parameters after the steps vs the per-parameter variant
   double all_reduce_calls = 0, all_reduce_bytes = 0;  ///< per step (payload, not wire bytes)
   double broadcast_calls = 0, broadcast_bytes = 0;    ///< per step
+  double all_gather_calls = 0;                        ///< per step (check_gradients_ready's: 32 bytes each)
   std::vector<double> round_ms;  ///< the median step of each round (median_ms: the median of these)
 };
 
 // [napkin]
 // The napkin figure of one variant's step (results[kind]: 0 per-parameter, 1 bucketed, 2 bucketed + overlap,
-// 3 ZeRO-1) on a link that carries `bytes_per_s` out of each rank, with `delay_ms` of latency per collective:
-//   all-reduce:  ring; 2 (N - 1) / N of the payload out of every rank -> wire / bandwidth;
+// 3 ZeRO-1) on a link that carries `bytes_per_s` out of each rank, with `sim_delay_ms` of SIMULATED latency per
+// collective (dist::Comm adds it once per call) and `link_delay_ms` of latency on the link itself (netem), which a
+// collective pays once per step of its algorithm:
+//   all-reduce:  ring; 2 (N - 1) / N of the payload out of every rank -> wire / bandwidth; 2 (N - 1) link delays;
 //   broadcast:   Gloo's binomial tree, ceil(log2 N) steps, the payload out of the root in each -> steps x bytes / bw;
-//   every call:  delay + its own cost (Gloo, the kernel, waking the peers' threads: measured per kind of call in
-//                `e`, from bursts of small calls back to back, as the variants make them);
+//                ceil(log2 N) link delays;
+//   all-gather:  the agreement before the after-backward paths send (32 bytes: its wire time is left out); a ring,
+//                N - 1 link delays; its own cost taken as an all-reduce's (not measured apart); it runs before
+//                the all-reduces, never under backward;
+//   every call:  its delays + its own cost (Gloo, the kernel, waking the peers' threads: measured per kind of call
+//                in `e`, in the same run, from bursts of small calls back to back, as the variants make them);
 //   compute:     forward, backward and the optimizer step measured with no communication (ZeRO-1: 1/N of it);
 //   overlap:     the all-reduces run under backward: forward + max(backward, all-reduce) + optimizer. They are in
 //                flight together, so their own costs overlap one another (one counted); their simulated delays
@@ -135,23 +142,29 @@ inline CallCost call_cost(const Extras& e, int n, double bytes_per_s) {
   return out;
 }
 
-inline Napkin napkin(int kind, const Result& r, const Extras& e, int n, double bytes_per_s, double delay_ms) {
+inline Napkin napkin(int kind, const Result& r, const Extras& e, int n, double bytes_per_s, double sim_delay_ms,
+                     double link_delay_ms = 0) {
   const CallCost own = call_cost(e, n, bytes_per_s);
   const double tree_steps = std::ceil(std::log2(std::max(1, n)));
+  const double reduce_delay_ms = sim_delay_ms + 2.0 * (n - 1) * link_delay_ms;
+  const double bcast_delay_ms = sim_delay_ms + tree_steps * link_delay_ms;
+  const double gather_delay_ms = sim_delay_ms + (n - 1) * link_delay_ms;
   const double reduce_wire_ms = dist::ring_allreduce_wire_bytes(r.all_reduce_bytes, n) / bytes_per_s * 1e3;
   const double bcast_wire_ms = tree_steps * r.broadcast_bytes / bytes_per_s * 1e3;
   const bool overlap = kind >= 2;
   const double reduce_own_ms = (overlap ? std::min(1.0, r.all_reduce_calls) : r.all_reduce_calls) * own.all_reduce_ms;
-  const double reduce_calls_ms = r.all_reduce_calls * delay_ms + reduce_own_ms;
-  const double bcast_calls_ms = r.broadcast_calls * (delay_ms + own.broadcast_ms);
+  const double reduce_calls_ms = r.all_reduce_calls * reduce_delay_ms + reduce_own_ms;
+  const double bcast_calls_ms = r.broadcast_calls * (bcast_delay_ms + own.broadcast_ms);
+  const double gather_calls_ms = r.all_gather_calls * (gather_delay_ms + own.all_reduce_ms);
   const double optimizer_ms = kind == 3 ? e.optimizer_ms / n : e.optimizer_ms;
   const double reduce_ms = reduce_wire_ms + reduce_calls_ms;
   Napkin out;
   out.compute_ms = e.forward_ms + e.backward_ms + optimizer_ms;
   out.wire_ms = reduce_wire_ms + bcast_wire_ms;
-  out.calls_ms = reduce_calls_ms + bcast_calls_ms;
-  out.total_ms = e.forward_ms + (overlap ? std::max(e.backward_ms, reduce_ms) : e.backward_ms + reduce_ms) +
-                 optimizer_ms + bcast_wire_ms + bcast_calls_ms;
+  out.calls_ms = reduce_calls_ms + bcast_calls_ms + gather_calls_ms;
+  out.total_ms = e.forward_ms + gather_calls_ms +
+                 (overlap ? std::max(e.backward_ms, reduce_ms) : e.backward_ms + reduce_ms) + optimizer_ms +
+                 bcast_wire_ms + bcast_calls_ms;
   return out;
 }
 // [napkin]
@@ -167,7 +180,8 @@ inline std::string serialize(const std::vector<Result>& results, double probe_ms
     out << r.variant << "\t" << r.collectives_per_step << "\t" << r.payload_bytes_per_step << "\t"
         << r.napkin_bytes_per_step << "\t" << r.median_ms << "\t" << r.min_ms << "\t" << r.max_ms << "\t"
         << r.optimizer_state_bytes << "\t" << r.rel_diff << "\t" << r.all_reduce_calls << "\t" << r.all_reduce_bytes
-        << "\t" << r.broadcast_calls << "\t" << r.broadcast_bytes << "\t" << r.round_ms.size();
+        << "\t" << r.broadcast_calls << "\t" << r.broadcast_bytes << "\t" << r.all_gather_calls << "\t"
+        << r.round_ms.size();
     for (double ms : r.round_ms) out << "\t" << ms;
     out << "\n";
   }
@@ -192,7 +206,8 @@ inline std::vector<Result> deserialize(const std::string& text, double* probe_ms
     fields >> r.collectives_per_step >> r.payload_bytes_per_step >> r.napkin_bytes_per_step >> r.median_ms >>
         r.min_ms >> r.max_ms >> r.optimizer_state_bytes >> r.rel_diff;
     size_t rounds = 0;
-    fields >> r.all_reduce_calls >> r.all_reduce_bytes >> r.broadcast_calls >> r.broadcast_bytes >> rounds;
+    fields >> r.all_reduce_calls >> r.all_reduce_bytes >> r.broadcast_calls >> r.broadcast_bytes >>
+        r.all_gather_calls >> rounds;
     r.round_ms.resize(rounds);
     for (double& ms : r.round_ms) fields >> ms;
     out.push_back(r);
@@ -294,6 +309,7 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
       if (kind == kOverlap || kind == kZero) {
         ddp::ReducerOptions options;
         options.bucket_bytes = c.bucket_bytes;
+        options.first_bucket_bytes = c.bucket_bytes;  // the bucketed row's buckets (and the bench peer's DDP cap)
         reducer = std::make_unique<ddp::Reducer>(comm, params, options);
       }
       const std::vector<ddp::Bucket> buckets = ddp::make_buckets(params, c.bucket_bytes);
@@ -313,15 +329,21 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
         if (kind == kPerParameter) ddp::average_gradients(comm, params);                // one call per parameter
         if (kind == kBucketed) ddp::average_gradients_bucketed(comm, params, buckets);  // one per bucket
         if (reducer) reducer->finish();  // buckets went out during backward; wait for them
-        workshop::MemoryMeter meter;     // this process = this rank: its optimizer state appears at step 1
-        if (zero) {
-          zero->step_local();
-          if (first) state_bytes = meter.current_bytes();
-          zero->sync_parameters();
+        // The optimizer state appears at step 1: measured on a fresh thread (cpu_bytes_kept_by), since a meter of
+        // this process also saw Gloo's threads free the buffers they held during the step (a 1 MiB bucket).
+        auto optimizer_step = [&] {
+          if (zero) {
+            zero->step_local();
+          } else {
+            adam.step();
+          }
+        };
+        if (first) {
+          state_bytes = workshop::cpu_bytes_kept_by(optimizer_step);
         } else {
-          adam.step();
-          if (first) state_bytes = meter.current_bytes();
+          optimizer_step();
         }
+        if (zero) zero->sync_parameters();
       };
       // [demo_step]
       step(true);
@@ -340,6 +362,7 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
       r.all_reduce_bytes = static_cast<double>(st.all_reduce_bytes) / c.steps;
       r.broadcast_calls = static_cast<double>(st.broadcast_calls) / c.steps;
       r.broadcast_bytes = static_cast<double>(st.broadcast_bytes) / c.steps;
+      r.all_gather_calls = static_cast<double>(st.all_gather_calls) / c.steps;
       r.round_ms.push_back(median(ms));
       r.collectives_per_step = (st.all_reduce_calls + st.broadcast_calls + st.all_gather_calls) / c.steps;
       r.payload_bytes_per_step = static_cast<double>(st.all_reduce_bytes + st.broadcast_bytes) / c.steps;

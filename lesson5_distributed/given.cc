@@ -1,6 +1,7 @@
 // Lesson 5 — given code (not an exercise), compiled into both the skeleton and the reference solution.
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
@@ -28,19 +29,35 @@ at::Tensor describe(const std::vector<at::Tensor>& params) {
                     at::TensorOptions().dtype(at::kLong));
 }
 
-void Reducer::fail_unfinished(const char* where) {
-  {
-    at::NoGradGuard no_grad;
-    while (next_to_launch_ < buckets_.size()) {
-      work_[next_to_launch_] = comm_.all_reduce_async(buffers_[next_to_launch_]);
-      ++next_to_launch_;
-    }
-    at::Tensor forgotten =
-        at::full({static_cast<int64_t>(params_.size())}, kForgottenFinish, buffers_[0].options().dtype(at::kFloat));
-    comm_.all_reduce(forgotten);
-    for (auto& work : work_) work.wait();
+void Reducer::tell_peers(float mark) {
+  at::NoGradGuard no_grad;
+  while (next_to_launch_ < buckets_.size()) {
+    work_[next_to_launch_] = comm_.all_reduce_async(buffers_[next_to_launch_]);
+    ++next_to_launch_;
   }
+  at::Tensor marked = at::full({static_cast<int64_t>(params_.size())}, mark, buffers_[0].options().dtype(at::kFloat));
+  comm_.all_reduce(marked);
+  for (auto& work : work_) work.wait();
+}
+
+void Reducer::fail_unfinished(const char* where) {
+  tell_peers(kForgottenFinish);
   TORCH_CHECK(false, "rank ", comm_.rank(), ": ", where, ": finish() was not called after the previous backward");
+}
+
+void Reducer::fail_not_synced() {
+  tell_peers(kNotSynced);
+  TORCH_CHECK(false, "rank ", comm_.rank(),
+              ": Reducer::finish: this backward did not sync (its forward ran inside NoSync), so there is nothing to "
+              "finish: call finish() after the window's last backward only, and run every forward through "
+              "Reducer::forward on every rank");
+}
+
+at::Tensor ZeroOptimizer::empty_shard() {
+  at::NoGradGuard no_grad;
+  empty_shard_ = at::zeros({0}, params_.front().options()).requires_grad_(true);
+  empty_shard_.mutable_grad() = at::zeros({0}, empty_shard_.options());
+  return empty_shard_;
 }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {

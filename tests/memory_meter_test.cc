@@ -66,3 +66,18 @@ GPU_TEST_CASE("the CUDA meter counts a known allocation exactly") {
   CHECK(meter.current_bytes() == 0);
   CHECK(meter.peak_bytes() == 4 * 1024 * 1024);
 }
+
+TEST_CASE("cpu_bytes_kept_by counts what the function keeps, not an older tensor another thread frees meanwhile") {
+  auto older = std::make_shared<torch::Tensor>(torch::empty({16}, torch::kFloat));  // 64 bytes, this thread's
+  torch::Tensor kept;
+  // Inside: keep 400 bytes and free a tensor this (another) thread allocated before, as Gloo's worker threads
+  // drop a rank's buffers at times of their own. A meter of this thread would read 400 - 64.
+  workshop::MemoryMeter this_thread(torch::kCPU, workshop::MeterScope::kThisThread);
+  const int64_t bytes = workshop::cpu_bytes_kept_by([&] {
+    kept = torch::empty({100}, torch::kFloat);
+    older.reset();
+  });
+  CHECK(bytes == 400);
+  CHECK(this_thread.current_bytes() == -64);  // the free landed on the thread that allocated it
+  CHECK_THROWS_AS(workshop::cpu_bytes_kept_by([] { TORCH_CHECK(false, "inside"); }), c10::Error);
+}

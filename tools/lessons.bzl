@@ -97,7 +97,7 @@ LESSONS = [
         checks = ["ddp_test.cc"],
         given = ["comm.cc", "given.cc", "demo_ranks.h"],
         extra = ["netns/BUILD", "netns/cleanup_test.sh", "netns/netns_run.sh", "netns/record.py"],
-        solution_extra = ["process_fault_test.sh"],
+        solution_extra = ["process_fault_test.sh", "quick_buckets_test.sh"],
         bench = "lesson5.cc",
         mutants = "lesson5.py",
     ),

@@ -14,8 +14,11 @@
 # Latency: the kernel here has no netem, so --delay_ms is added by the demo's communicator, per collective, and
 # printed as SIMULATED; where the kernel has netem (detected) the delay goes on the links instead.
 # Addresses: 10.77.0.1 .. 10.77.0.N, only inside the namespaces this run makes. Names: PREFIX-PID-hub and
-# PREFIX-PID-rR; every exit (normal, error, INT, TERM) deletes them, and every start first sweeps the ones whose
-# run died without cleaning up (SIGKILL). Every run is bounded: the demo runs under `timeout`.
+# PREFIX-PID-rR (each veth end carries the alias PREFIX-PID); every exit (normal, error, INT, TERM) deletes them
+# within seconds (the demo runs in the background and the script waits for it, so a signal is handled at once,
+# not when the demo ends), and every start first sweeps the ones whose run died without cleaning up (SIGKILL).
+# A run is alive while its PID runs with the start time recorded in /run/netns_run/PREFIX-PID, whatever the
+# script is called (`bazel run` starts it as .../netns/run). Every run is bounded: the demo runs under `timeout`.
 set -uo pipefail
 
 prefix=wsl5
@@ -61,41 +64,61 @@ done
 run_id=$$
 hub="$prefix-$run_id-hub"
 rank_ns() { echo "$prefix-$run_id-r$1"; }
+markers=/run/netns_run
 
-# Kills every process inside namespace $1 (they are this script's, or a dead run's of this script), then deletes it.
+# Ends every process inside the namespaces given (this script's, or a dead run's of this script): TERM to all of
+# them at once, up to 3 s for them to go, then KILL; then deletes the namespaces. Bounded: about 3 s in all.
 drop_ns() {
-  local ns=$1 pids
-  pids=$(ip netns pids "$ns" 2>/dev/null)
+  local ns pids
+  pids=$(for ns in "$@"; do ip netns pids "$ns" 2>/dev/null; done)
   if [[ -n $pids ]]; then
     kill -TERM $pids 2>/dev/null
-    for _ in $(seq 50); do
-      pids=$(ip netns pids "$ns" 2>/dev/null)
+    for _ in $(seq 30); do
+      pids=$(for ns in "$@"; do ip netns pids "$ns" 2>/dev/null; done)
       [[ -z $pids ]] && break
       sleep 0.1
     done
     [[ -n $pids ]] && kill -KILL $pids 2>/dev/null
   fi
-  ip netns del "$ns" 2>/dev/null
+  for ns in "$@"; do ip netns del "$ns" 2>/dev/null; done
 }
 
-# The namespaces of runs of this script that are gone: PREFIX-PID-* whose PID is not a live netns_run.
+# The start time of process $1 (field 22 of /proc/PID/stat, counted after the command name, which may hold spaces).
+start_time() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $20}'; }
+
+# Whether run $1 (a PID) is alive: that PID runs and started when its marker says. A PID reused by another
+# program has another start time. Without a marker (a run older than markers): a live process named netns_run.
+run_alive() {
+  local pid=$1 marker=$markers/$prefix-$1 now
+  now=$(start_time "$pid")
+  [[ -n $now ]] || return 1
+  if [[ -r $marker ]]; then [[ $(cat "$marker") == "$now" ]]; return; fi
+  tr '\0' ' ' </proc/"$pid"/cmdline | grep -q netns_run
+}
+
+# The namespaces of runs of this script that are gone: PREFIX-PID-* whose run is not alive.
 sweep() {
   local ns pid
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$prefix-[0-9]+-(hub|r[0-9]+)$"); do
     pid=${ns#"$prefix"-}
     pid=${pid%%-*}
     [[ $pid == "$run_id" ]] && continue
-    if [[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' </proc/"$pid"/cmdline | grep -q netns_run; then continue; fi
+    run_alive "$pid" && continue
     echo "netns_run: removing stale namespace $ns (run $pid is gone)"
     drop_ns "$ns"
+  done
+  for marker in "$markers/$prefix"-*; do
+    [[ -e $marker ]] || continue
+    pid=${marker##*-}
+    run_alive "$pid" || rm -f "$marker"
   done
 }
 
 made=()
 cleanup() {
-  local ns
   trap - EXIT INT TERM
-  for ns in "${made[@]}"; do drop_ns "$ns"; done
+  drop_ns "${made[@]}"
+  rm -f "$markers/$prefix-$run_id"
   [[ ${#made[@]} -gt 0 ]] && echo "netns_run: removed ${#made[@]} namespaces of run $run_id"
 }
 
@@ -121,6 +144,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 sweep
 [[ $sweep_only == 1 ]] && exit 0
+mkdir -p "$markers" && start_time $$ >"$markers/$prefix-$run_id"
 
 # ---- the topology: hub namespace with a bridge; per rank a namespace and a veth pair (eth0 there, bR on the bridge)
 addresses=()
@@ -137,6 +161,8 @@ for ((r = 0; r < world_size; r++)); do
   ip -n "$ns" link set lo up &&
     ip -n "$hub" link add "b$r" type veth peer name eth0 netns "$ns" &&
     ip -n "$hub" link set "b$r" master br0 up &&
+    ip -n "$hub" link set "b$r" alias "$prefix-$run_id" &&
+    ip -n "$ns" link set eth0 alias "$prefix-$run_id" &&
     ip -n "$ns" addr add "$addr/24" dev eth0 &&
     ip -n "$ns" link set eth0 up || { echo "netns_run: cannot wire rank $r ($ns)" >&2; exit 1; }
   addresses+=("$addr")
@@ -179,7 +205,10 @@ if [[ -n $hold ]]; then
 fi
 
 join() { local IFS=,; echo "$*"; }
+# In the background, waited for: bash runs a trap only once the foreground command has returned, so with the demo
+# in the foreground a Ctrl-C or SIGTERM would wait for the whole demo (up to --limit_s). `wait` returns at once.
 ip netns exec "$ns0" timeout --kill-after=10 "$limit_s" "$demo" --world_size="$world_size" --rounds="$rounds" \
   --netns="$(join "${names[@]}")" --hosts="$(join "${addresses[@]}")" --link_gbit="$gbit" \
-  --sim_delay_ms="$sim_delay" --link="$link" "${demo_args[@]}"
+  --sim_delay_ms="$sim_delay" --link="$link" "${demo_args[@]}" &
+wait $!
 exit $?

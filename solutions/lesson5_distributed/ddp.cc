@@ -32,6 +32,21 @@ at::Tensor grad_of(const std::vector<at::Tensor>& params, size_t i) {
   return params[i].grad();
 }
 
+// Compares every rank's description (describe(): 3 numbers, the first 3 of each gathered row) with rank 0's and
+// throws, on every rank alike (all see the same rows), "parameter shapes differ across ranks".
+void compare_descriptions(const dist::Comm& comm, const std::vector<at::Tensor>& all) {
+  const at::Tensor first = all[0].cpu().narrow(0, 0, 3);
+  for (size_t r = 1; r < all.size(); ++r) {
+    const at::Tensor other = all[r].cpu().narrow(0, 0, 3);
+    if (!at::equal(first, other)) {
+      TORCH_CHECK(false, "rank ", comm.rank(), ": parameter shapes differ across ranks: rank 0 has ",
+                  first[0].item<int64_t>(), " parameters with ", first[1].item<int64_t>(), " elements, rank ", r,
+                  " has ", other[0].item<int64_t>(), " parameters with ", other[1].item<int64_t>(),
+                  " elements (or different shapes or dtypes); every rank must build the same model");
+    }
+  }
+}
+
 }  // namespace
 
 // [shard]
@@ -61,18 +76,7 @@ void average_(dist::Comm& comm, const at::Tensor& tensor) {
 void check_same_shapes(dist::Comm& comm, const std::vector<at::Tensor>& params) {
   // Three numbers per rank whatever the model: this collective itself can never mismatch.
   const at::Tensor mine = describe(params).to(comm.device());
-  const std::vector<at::Tensor> all = comm.all_gather(mine);
-  const at::Tensor first = all[0].cpu();
-  for (size_t r = 1; r < all.size(); ++r) {
-    const at::Tensor other = all[r].cpu();
-    if (!at::equal(first, other)) {
-      // Every rank sees the same gathered numbers, so every rank throws this same message.
-      TORCH_CHECK(false, "rank ", comm.rank(), ": parameter shapes differ across ranks: rank 0 has ",
-                  first[0].item<int64_t>(), " parameters with ", first[1].item<int64_t>(), " elements, rank ", r,
-                  " has ", other[0].item<int64_t>(), " parameters with ", other[1].item<int64_t>(),
-                  " elements (or different shapes or dtypes); every rank must build the same model");
-    }
-  }
+  compare_descriptions(comm, comm.all_gather(mine));  // every rank sees the same numbers: all throw alike
 }
 // [check_same_shapes]
 
@@ -87,8 +91,28 @@ void sync_module_states(dist::Comm& comm, const std::vector<at::Tensor>& params,
 }
 // [sync_module_states]
 
+// [check_gradients_ready]
+void check_gradients_ready(dist::Comm& comm, const std::vector<at::Tensor>& params) {
+  int64_t missing = -1;  // the first parameter without a gradient on this rank
+  for (size_t i = 0; i < params.size() && missing < 0; ++i) {
+    if (!params[i].grad().defined()) missing = static_cast<int64_t>(i);
+  }
+  // Four numbers per rank whatever the model: the model's description and the missing gradient, agreed on
+  // BEFORE any gradient is sent, so that a rank without a gradient does not throw alone while its peers wait.
+  const at::Tensor mine = at::cat({describe(params), at::full({1}, missing, at::TensorOptions().dtype(at::kLong))});
+  const std::vector<at::Tensor> all = comm.all_gather(mine.to(comm.device()));
+  compare_descriptions(comm, all);
+  for (size_t r = 0; r < all.size(); ++r) {
+    const int64_t index = all[r].cpu()[3].item<int64_t>();
+    TORCH_CHECK(index < 0, "rank ", comm.rank(), ": parameter ", index, " has no gradient on rank ", r,
+                " (every rank must run backward on a loss that uses every parameter before averaging)");
+  }
+}
+// [check_gradients_ready]
+
 // [average_gradients]
 void average_gradients(dist::Comm& comm, const std::vector<at::Tensor>& params) {
+  check_gradients_ready(comm, params);  // one all-gather of 32 bytes, before any gradient is sent
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor grad = grad_of(params, i);
     if (grad.is_contiguous()) {
@@ -141,7 +165,7 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t 
 // [average_gradients_bucketed]
 void average_gradients_bucketed(dist::Comm& comm, const std::vector<at::Tensor>& params,
                                 const std::vector<Bucket>& buckets) {
-  check_same_shapes(comm, params);  // different models would make buckets of different sizes on the ranks
+  check_gradients_ready(comm, params);  // different models, or a missing gradient: the same error on every rank
   at::NoGradGuard no_grad;
   for (const Bucket& bucket : buckets) {
     std::vector<at::Tensor> pieces;
@@ -170,7 +194,17 @@ Reducer::Reducer(dist::Comm& comm, std::vector<at::Tensor> params, ReducerOption
     // As DDP: only what requires grad is reduced, and a tensor listed twice (tied weights) once.
     if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params_.push_back(p);
   }
-  TORCH_CHECK(!params_.empty(), "Reducer: no parameter requires grad");
+  try {
+    // As DDP's _verify_param_shape_across_processes, on the list it reduces: ranks that freeze different layers or
+    // tie weights differently pass the check of the whole model above, and would send mismatched buckets.
+    check_same_shapes(comm_, params_);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false,
+                "Reducer: the parameters that require grad, each once, differ across ranks (frozen or tied "
+                "differently?): ",
+                e.what_without_backtrace());
+  }
+  TORCH_CHECK(!params_.empty(), "Reducer: no parameter requires grad");  // then on every rank alike
   buckets_ = make_buckets(params_, options_.bucket_bytes, options_.first_bucket_bytes);
   bucket_of_.assign(params_.size(), 0);
   offset_of_.assign(params_.size(), 0);
@@ -229,8 +263,6 @@ void Reducer::grad_ready(size_t index, const at::Tensor& grad) {
 
 // [finish]
 void Reducer::finish() {
-  const bool sync = forward_sync_ >= 0 ? forward_sync_ == 1 : sync_;
-  TORCH_CHECK(sync, "Reducer::finish: called for a backward that does not sync (inside NoSync)");
   // Reset for the next backward whatever happens below (the AsyncWork destructors wait for launched work).
   struct Reset {
     Reducer& r;
@@ -244,6 +276,8 @@ void Reducer::finish() {
       r.synced_backward_ = false;
     }
   } reset{*this};
+  const bool sync = forward_sync_ >= 0 ? forward_sync_ == 1 : sync_;
+  if (!sync) fail_not_synced();  // makes the calls a synced finish() makes, so a peer that synced fails too
   at::NoGradGuard no_grad;
   // DDP's local_used_map: 1 for each parameter that got no gradient here. A missing gradient contributes
   // zeros, so that every rank still launches every bucket and then this map: the same calls on every rank.
@@ -265,6 +299,9 @@ void Reducer::finish() {
     TORCH_CHECK(ranks < Reducer::kForgottenFinish, "rank ", comm_.rank(),
                 ": Reducer::finish: another rank's finish() was not called after its previous backward (it went on "
                 "to its next backward or forward)");
+    TORCH_CHECK(ranks < Reducer::kNotSynced, "rank ", comm_.rank(),
+                ": Reducer::finish: another rank's backward did not sync (its forward ran inside NoSync) while this "
+                "rank's did: run every forward through Reducer::forward, on every rank");
     TORCH_CHECK(ranks == 0, "rank ", comm_.rank(), ": parameter ", i, " got no gradient in this backward on ",
                 static_cast<int>(ranks), " of ", comm_.world_size(),
                 " ranks (unused parameters are not supported: every rank's loss must use every parameter)");
@@ -377,13 +414,21 @@ std::vector<int> partition_parameters(const std::vector<at::Tensor>& params, int
 ZeroOptimizer::ZeroOptimizer(dist::Comm& comm, std::vector<at::Tensor> params, const OptimizerFactory& factory)
     : comm_(comm), params_(std::move(params)) {
   TORCH_CHECK(!params_.empty(), "ZeroOptimizer: no parameters");
+  std::unordered_set<const void*> seen;
+  std::vector<at::Tensor> unique;
+  for (const at::Tensor& p : params_) {
+    // A tensor listed twice (tied weights) once: else it is stepped twice, or its state is held on two ranks.
+    if (seen.insert(p.unsafeGetTensorImpl()).second) unique.push_back(p);
+  }
+  params_ = std::move(unique);
   check_same_shapes(comm_, params_);  // the broadcasts of sync_parameters must match in size on every rank
   owners_ = partition_parameters(params_, comm_.world_size());
   std::vector<at::Tensor> mine;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (owners_[i] == comm_.rank()) mine.push_back(params_[i]);
   }
-  local_ = factory(mine);  // optimizer state only for this rank's share
+  if (mine.empty()) mine.push_back(empty_shard());  // owns nothing: a zero-sized shard, to join the agreements
+  local_ = factory(mine);                           // optimizer state only for this rank's share
 }
 
 void ZeroOptimizer::step_local() { local_->step(); }
@@ -402,13 +447,6 @@ void ZeroOptimizer::step() {
 
 bool ZeroOptimizer::step(ShardedGradScaler& scaler) {
   TORCH_CHECK(&scaler.comm() == &comm_, "ZeroOptimizer::step: the ShardedGradScaler is on another communicator");
-  // Every rank knows the partition: all throw here, before any collective, instead of one failing alone.
-  for (int r = 0; r < comm_.world_size(); ++r) {
-    TORCH_CHECK(std::find(owners_.begin(), owners_.end(), r) != owners_.end(), "rank ", comm_.rank(),
-                ": ZeroOptimizer::step(scaler): rank ", r, " owns no parameters (", params_.size(), " parameters on ",
-                comm_.world_size(), " ranks), so its scaler has no gradient to unscale; use at most ", params_.size(),
-                " ranks");
-  }
   // The sharded scaler agrees on found_inf inside unscale_ (an inf may sit in another rank's shard), so every
   // rank steps or skips alike and the broadcasts match.
   const bool stepped = scaler.step(*local_);
@@ -421,6 +459,7 @@ ZeroOptimizer::~ZeroOptimizer() = default;
 
 void ZeroOptimizer::zero_grad() {
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  if (empty_shard_.defined()) empty_shard_.mutable_grad() = at::zeros({0}, empty_shard_.options());
 }
 
 int64_t ZeroOptimizer::state_bytes() const { return optimizer_state_bytes(*local_); }
