@@ -736,6 +736,227 @@ TEST_CASE("[step6] launch_shape refuses a negative size, an odd vector width and
                        c10::Error);
 }
 
+// ---- step 6 on any machine: the same CUDA kernels on a simulated grid on the CPU (grid.h) ---------------
+
+namespace {
+
+// A simulated grid of `multiprocessors` multiprocessors (so at most 4 x 256 x that many threads: every size below
+// that grid's reach makes the grid-stride loops go round), its blocks shuffled by `seed`.
+fusion::cuda::Target cpu_grid(int multiprocessors, uint64_t seed) {
+  fusion::cuda::Target target;
+  target.simulated_multiprocessors = multiprocessors;
+  target.seed = seed;
+  return target;
+}
+
+fusion::cuda::Dtype kernel_dtype(torch::ScalarType dtype) {
+  if (dtype == torch::kBFloat16) return fusion::cuda::Dtype::BFloat16;
+  if (dtype == torch::kHalf) return fusion::cuda::Dtype::Float16;
+  REQUIRE(dtype_name(dtype) == "Float");
+  return fusion::cuda::Dtype::Float32;
+}
+
+// One AdamW step of fused_adamw_cuda.cu's kernel on the CPU grid, for CPU tensors (raw pointers).
+void grid_adamw(State& s, const torch::Tensor& grad, const fusion::AdamWHyper& hyper,
+                const fusion::cuda::Target& target) {
+  ++s.step;
+  const char* error =
+      fusion::cuda::launch_adamw(kernel_dtype(s.param.scalar_type()), s.param.data_ptr(), grad.data_ptr(),
+                                 s.exp_avg.data_ptr<float>(), s.exp_avg_sq.data_ptr<float>(), s.param.numel(), hyper,
+                                 s.step, target);
+  INFO("launch_adamw: " << (error == nullptr ? "ok" : error));
+  REQUIRE(error == nullptr);
+}
+
+// The unscale kernel on the CPU grid for each gradient, one launch each (as given_cuda.cc launches them).
+void grid_unscale(std::vector<torch::Tensor>& grads, torch::Tensor& found_inf, float inv,
+                  const fusion::cuda::Target& target) {
+  const torch::Tensor inv_scale = torch::full({1}, inv);
+  for (torch::Tensor& g : grads) {
+    const char* error = fusion::cuda::launch_unscale(kernel_dtype(g.scalar_type()), g.data_ptr(), g.numel(),
+                                                     found_inf.data_ptr<float>(), inv_scale.data_ptr<float>(), target);
+    INFO("launch_unscale: " << (error == nullptr ? "ok" : error));
+    REQUIRE(error == nullptr);
+  }
+}
+
+// How far one grid step of `s` lands from the float32 step of given.cc on the same state and gradient, per element:
+// the state within a relative 1e-6 (a GPU rounds with fused multiply-adds, the ATen ops on a CPU without), the
+// parameter within one unit in its last place (its float32 results may straddle a rounding boundary of a 16-bit
+// type), and a 16-bit parameter exactly the rounded float32 result in at least 99 % of the elements (a kernel that
+// truncates differs in about half). Every element is compared, so one that is updated twice or not at all shows.
+void check_grid_step(State& s, const torch::Tensor& grad, const fusion::AdamWHyper& hyper,
+                     const fusion::cuda::Target& target) {
+  const torch::ScalarType dtype = s.param.scalar_type();
+  State master = make_state(s.param.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true));
+  master.exp_avg = s.exp_avg.clone();
+  master.exp_avg_sq = s.exp_avg_sq.clone();
+  master.step = s.step;
+  fusion::unfused_adamw_step(master.param, grad.to(torch::kFloat), master.exp_avg, master.exp_avg_sq, hyper,
+                             ++master.step);
+  grid_adamw(s, grad, hyper, target);
+  const double ulp = dtype == torch::kFloat      ? std::ldexp(1.0, -22)
+                     : dtype == torch::kBFloat16 ? std::ldexp(1.0, -7)
+                                                 : std::ldexp(1.0, -10);
+  // Relative to each element, with a floor of 1e-6 of the largest (where a sum nearly cancels, one rounding more
+  // or less is large against the result).
+  const auto within = [](const torch::Tensor& got, const torch::Tensor& want, double relative) {
+    const double floor = 1e-6 * want.abs().max().item<double>();
+    return ((got.to(torch::kFloat) - want).abs() <= want.abs() * relative + floor).all().item<bool>();
+  };
+  CHECK(within(s.exp_avg, master.exp_avg, 1e-6));
+  CHECK(within(s.exp_avg_sq, master.exp_avg_sq, 1e-6));
+  CHECK(within(s.param, master.param, ulp));
+  if (dtype != torch::kFloat) {  // (in float32, a multiply-add differs in the last bit of about 2 % of the elements)
+    const double exact = s.param.eq(master.param.to(dtype)).to(torch::kDouble).mean().item<double>();
+    CAPTURE(exact);
+    CHECK(exact >= 0.99);
+  }
+}
+
+// A tensor of `n` elements of `dtype` that starts `offset` elements into a buffer with one guard element after it.
+torch::Tensor view_in_buffer(const torch::Tensor& values, int64_t offset, torch::Tensor& buffer) {
+  const int64_t n = values.numel();
+  buffer = torch::full({offset + n + 1}, 0.5, values.options());
+  torch::Tensor view = buffer.narrow(0, offset, n);
+  view.copy_(values);
+  return view;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "[step6] CPU grid: the CUDA kernel follows torch::optim::AdamW for 100 steps, grid-stride loops going round") {
+  const int64_t n = 10007;  // packs of 4 and a tail of 3; 2.4 times the reach of a one-multiprocessor grid
+  REQUIRE(fusion::cuda::launch_shape(n, 4, 1).blocks * 256 * 4 < n);
+  for (double weight_decay : {0.0, 0.1}) {
+    CAPTURE(weight_decay);
+    const fusion::AdamWHyper hyper = hyper_with(1e-2, weight_decay);
+    torch::manual_seed(3);
+    const torch::Tensor start = torch::randn({n});
+    torch::Tensor reference = start.clone().requires_grad_(true);
+    torch::optim::AdamW optimizer({reference}, fusion::adamw_options(hyper));
+    State grid = make_state(start.clone());
+    double worst = 0;
+    uint64_t seed = 1;
+    for (const torch::Tensor& grad : gradients(n, 100, 1.0)) {
+      reference.mutable_grad() = grad.clone();
+      optimizer.step();
+      grid_adamw(grid, grad, hyper, cpu_grid(1, seed++));
+      worst = std::max(worst, rel_error({grid.param}, {reference.detach()}));
+    }
+    CAPTURE(worst);
+    CHECK(worst <= kFloatTolerance);
+  }
+}
+
+TEST_CASE("[step6] CPU grid: every size, tail and alignment, in every dtype, is the float32 step rounded once") {
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  std::vector<int64_t> sizes;
+  for (int64_t r = 0; r < 8; ++r) sizes.insert(sizes.end(), {r + 1, 8 + r, 3 * 4096 + r, (1 << 16) + r});
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int64_t n : sizes) {
+      for (int64_t offset : {0, 1}) {  // 0: every pointer aligned to a pack; 1: a view that starts mid-pack
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(n);
+        CAPTURE(offset);
+        torch::manual_seed(n);
+        torch::Tensor param_buffer, m_buffer, v_buffer, grad_buffer;
+        State s;
+        s.param = view_in_buffer(torch::randn({n}).to(dtype), offset, param_buffer);
+        s.exp_avg = view_in_buffer(torch::zeros({n}), offset, m_buffer);
+        s.exp_avg_sq = view_in_buffer(torch::zeros({n}), offset, v_buffer);
+        const int multiprocessors = n % 2 == 0 ? 1 : 3;
+        for (const torch::Tensor& grad32 : gradients(n, 2, 1.0)) {
+          const torch::Tensor grad = view_in_buffer(grad32.to(dtype), offset, grad_buffer);
+          check_grid_step(s, grad, hyper, cpu_grid(multiprocessors, static_cast<uint64_t>(n + s.step)));
+        }
+        // Nothing written outside the tensors: the element before a view, the guard after each.
+        for (const torch::Tensor& buffer : {param_buffer, m_buffer, v_buffer}) {
+          if (offset == 1) CHECK(buffer[0].item<float>() == 0.5f);
+          CHECK(buffer[offset + n].item<float>() == 0.5f);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("[step6] CPU grid: parameters of every size and dtype in one list, as the CUDA multi-tensor operator runs") {
+  Lists lists = make_lists(31);
+  std::vector<State> states;
+  for (size_t i = 0; i < lists.params.size(); ++i) {
+    State s;
+    s.param = lists.params[i];
+    s.exp_avg = lists.exp_avgs[i];
+    s.exp_avg_sq = lists.exp_avg_sqs[i];
+    states.push_back(s);
+  }
+  for (int step = 1; step <= 3; ++step) {
+    for (size_t i = 0; i < states.size(); ++i) {
+      CAPTURE(i);
+      if (states[i].param.numel() == 0) {
+        grid_adamw(states[i], lists.grads[i], hyper_with(1e-2, 0.1), cpu_grid(2, i));  // an empty tensor: no-op
+        continue;
+      }
+      check_grid_step(states[i], lists.grads[i], hyper_with(1e-2, 0.1), cpu_grid(2, i + 10 * step));
+    }
+  }
+}
+
+TEST_CASE("[step6] CPU grid unscale: each value multiplied and rounded once, found_inf from the values as read") {
+  std::vector<torch::Tensor> before = scaled_grads(41);
+  for (int64_t r = 1; r < 8; ++r) before.push_back((torch::randn({4096 * 3 + r}) * 1024).to(torch::kHalf));
+  before.push_back(torch::full({9}, 1e38f));                      // float32 x 16 overflows: the value read was finite
+  before.push_back(torch::full({13}, 60000.0).to(torch::kHalf));  // float16 x 4 overflows to inf
+  for (float inv : {1.0f / 1024, 0.1f, 1.0f, 16.0f}) {
+    for (int multiprocessors : {1, 3}) {
+      CAPTURE(inv);
+      CAPTURE(multiprocessors);
+      std::vector<torch::Tensor> grads = clones(before);
+      torch::Tensor found_inf = torch::zeros({1});
+      grid_unscale(grads, found_inf, inv, cpu_grid(multiprocessors, 5));
+      CHECK(found_inf.item<float>() == 0.0f);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        CAPTURE(i);
+        CHECK(torch::equal(grads[i], (before[i].to(torch::kFloat) * inv).to(before[i].scalar_type())));
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "[step6] CPU grid unscale: an inf or a NaN anywhere sets found_inf, at any scale, and every value is still unscaled") {
+  std::vector<torch::Tensor> before = scaled_grads(42);
+  before.push_back((torch::randn({4096 * 3 + 5}) * 1024).to(torch::kHalf));
+  // (gradient, element): the first of all, the end of the float32 tensor past a grid's reach, a 16-bit tail, the
+  // last element of the list, a one-element gradient.
+  const std::vector<std::pair<size_t, int64_t>> places = {{0, 0}, {3, 100002}, {4, 32}, {7, 4096 * 3 + 4}, {6, 0}};
+  for (const auto& [t, k] : places) {
+    for (float bad : {INFINITY, NAN}) {
+      for (float inv : {0.5f, 1.0f}) {   // at a scale of 1 nothing is multiplied, but the check still runs
+        for (int64_t offset : {0, 1}) {  // 1: the gradients start mid-pack: the one-element path
+          CAPTURE(t);
+          CAPTURE(k);
+          CAPTURE(bad);
+          CAPTURE(inv);
+          CAPTURE(offset);
+          std::vector<torch::Tensor> buffers(before.size()), grads;
+          for (size_t i = 0; i < before.size(); ++i) grads.push_back(view_in_buffer(before[i], offset, buffers[i]));
+          grads[t][k] = bad;
+          const std::vector<torch::Tensor> expected = clones(grads);
+          torch::Tensor found_inf = torch::zeros({1});
+          grid_unscale(grads, found_inf, inv, cpu_grid(1, 9));
+          CHECK(found_inf.item<float>() == 1.0f);
+          for (size_t i = 0; i < grads.size(); ++i) {  // every element, those after the bad one included
+            const torch::Tensor want = (expected[i].to(torch::kFloat) * inv).to(expected[i].scalar_type());
+            CHECK(torch::equal(grads[i].nan_to_num(0, 1, -1), want.nan_to_num(0, 1, -1)));
+          }
+        }
+      }
+    }
+  }
+}
+
 namespace {
 
 // The GPU cases need the kernels in the binary: Bazel builds them where LibTorch has CUDA and nvcc was found.

@@ -7,6 +7,8 @@ turns each tuple into a patch at run time and tools/mutants/run.sh applies them 
 
 L6 = "solutions/lesson6_fusion/fused_adamw.cc"
 
+L6_CUDA = "solutions/lesson6_fusion/fused_adamw_cuda.cu"
+
 MUTANTS = [
     # ---- step 1: napkin math ----------------------------------------------------------------------------
     ("l6_napkin_addcmul_reads_grad_once", L6,
@@ -140,32 +142,50 @@ MUTANTS = [
      "  TORCH_CHECK(vector_width == 1 || vector_width == 2 || vector_width == 4 || vector_width == 8,",
      "  TORCH_CHECK(vector_width > 0,",
      "a vector width that is not a load size (3) is accepted"),
-]
-
-L6_CUDA = "solutions/lesson6_fusion/fused_adamw_cuda.cu"
-
-# Step 6's kernels: caught only where the GPU cases run (tools/mutants/mutants.py --gpu; on a CPU machine every
-# one of them would survive, the GPU cases being skipped).
-GPU_MUTANTS = [
+    # ---- step 6: the CUDA kernels, caught on the CPU grid (grid.h) on any machine -------------------------
     ("l6_gpu_tail_skipped", L6_CUDA,
-     "  if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c);\n",
+     "    if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c);\n",
      "",
      "the elements after the last whole pack are never updated"),
+    ("l6_gpu_tail_overlaps_last_pack", L6_CUDA,
+     "const int64_t tail = packs * kWidth + thread.index();\n    if (tail < numel) update(",
+     "const int64_t tail = (numel > kWidth ? numel - kWidth : 0) + thread.index();\n    if (tail < numel) update(",
+     "the tail is taken as the last kWidth elements: those of the last whole pack are updated twice"),
     ("l6_gpu_packs_unaligned", L6_CUDA,
      "  const bool packed = aligned(p, sizeof(T) * kWidth) && aligned(g, sizeof(T) * kWidth) &&\n"
      "                      aligned(m, sizeof(float) * kWidth) && aligned(v, sizeof(float) * kWidth);",
      "  const bool packed = true;",
-     "16-byte loads from a view that starts mid-pack (a misaligned address)"),
+     "packed loads from a view that starts mid-pack (a misaligned address)"),
+    ("l6_gpu_grid_stride_never_loops", L6_CUDA,
+     "for (int64_t i = thread.index(); i < packs; i += thread.stride()) {\n      Pack<T, kWidth> pp",
+     "if (int64_t i = thread.index(); i < packs) {\n      Pack<T, kWidth> pp",
+     "each thread updates one pack: a grid smaller than the tensor leaves the rest alone"),
+    ("l6_gpu_stride_is_block", L6_CUDA,
+     "for (int64_t i = thread.index(); i < packs; i += thread.stride()) {\n      Pack<T, kWidth> pp",
+     "for (int64_t i = thread.index(); i < packs; i += thread.threads) {\n      Pack<T, kWidth> pp",
+     "the grid-stride loop steps by the block (blockDim.x), not the grid: packs are updated several times"),
     ("l6_gpu_bf16_truncates", L6_CUDA,
      "return __float2bfloat16_rn(x);",
      "return __float2bfloat16_rz(x);",
      "bfloat16 parameters written back truncated (round toward zero) instead of rounded to nearest"),
     ("l6_gpu_no_weight_decay", L6_CUDA,
-     "  if (c.apply_decay) param = __fmul_rn(param, c.decay);\n",
+     "  if (c.apply_decay) param = mul_rn(param, c.decay);\n",
      "",
      "the CUDA step forgets the weight decay"),
     ("l6_gpu_unscale_flag_never_set", L6_CUDA,
-     "  if (non_finite) *found_inf = 1.0f;",
-     "  (void)non_finite;",
+     "    if (non_finite) *found_inf = 1.0f;",
+     "    (void)non_finite;",
      "the CUDA unscale finds the inf but never writes found_inf"),
+    ("l6_gpu_unscale_skips_check_at_1", L6_CUDA,
+     "        non_finite = non_finite || !isfinite(x);\n        pack.x[k]",
+     "        non_finite = non_finite || (inv != 1.0f && !isfinite(x));\n        pack.x[k]",
+     "at a scale of 1 nothing is multiplied, and the non-finite check is skipped with it"),
+    ("l6_gpu_unscale_checks_after_multiply", L6_CUDA,
+     "        non_finite = non_finite || !isfinite(x);\n        pack.x[k] = from_float<T>(x * inv);",
+     "        pack.x[k] = from_float<T>(x * inv);\n        non_finite = non_finite || !isfinite(to_float(pack.x[k]));",
+     "the non-finite check looks at the unscaled value: a finite gradient that overflows when multiplied is flagged"),
+    ("l6_gpu_unscale_stops_at_first_inf", L6_CUDA,
+     "for (int64_t i = thread.index(); i < packs; i += thread.stride()) {\n      Pack<T, kWidth> pack",
+     "for (int64_t i = thread.index(); i < packs && !non_finite; i += thread.stride()) {\n      Pack<T, kWidth> pack",
+     "a thread that met an inf stops: the rest of its packs are not unscaled"),
 ]
