@@ -4,6 +4,9 @@
 // The oracle is LibTorch's own torch::optim::AdamW, and the one-op-at-a-time step of given.cc that follows it.
 #include "tests/torch_doctest.h"
 
+#include <dlfcn.h>  // dlsym(RTLD_NEXT, ...): the OpenMP runtime's GOMP_parallel, behind the counter below
+
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -97,7 +100,54 @@ fusion::AdamWHyper hyper_with(double lr, double weight_decay, double eps = 1e-8)
 
 constexpr double kFloatTolerance = 1e-6;  // float32: the same ops in the same order, so rounding only
 
+// at::set_num_threads(n) for one scope: the checks run the kernels with several ATen threads, where pieces that
+// share anything (a scratch buffer, a flag) would race.
+class ThreadsFor {
+ public:
+  explicit ThreadsFor(int n) : saved_(at::get_num_threads()) { at::set_num_threads(n); }
+  ~ThreadsFor() { at::set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// The OpenMP parallel regions entered while counting: LibTorch's OpenMP build enters one per at::parallel_for
+// that runs on several threads (GCC turns `#pragma omp parallel` into a call of libgomp's GOMP_parallel, which the
+// test binary's own definition below counts and forwards).
+std::atomic<bool> g_counting{false};
+std::atomic<int> g_regions{0};
+
+// How many parallel regions `f` enters.
+template <typename F>
+int parallel_regions(const F& f) {
+  struct Counting {
+    Counting() {
+      g_regions = 0;
+      g_counting = true;
+    }
+    ~Counting() { g_counting = false; }
+  } counting;
+  f();
+  return g_regions;
+}
+
+// Whether regions can be counted here: an ATen op over 2^20 elements on 2 threads enters one (none where LibTorch
+// has no OpenMP, or where this binary's GOMP_parallel is not the one LibTorch calls).
+bool regions_are_counted() {
+  const ThreadsFor threads(2);
+  torch::Tensor x = torch::zeros({1 << 20});
+  return parallel_regions([&] { x.add_(1); }) > 0;
+}
+
 }  // namespace
+
+extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags) {
+  using Real = void (*)(void (*)(void*), void*, unsigned, unsigned);
+  static const Real real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "GOMP_parallel"));
+  if (real == nullptr) std::abort();  // no OpenMP runtime after this binary: nothing could have called this
+  if (g_counting) ++g_regions;
+  real(fn, data, num_threads, flags);
+}
 
 // ---- step 1: napkin math -------------------------------------------------------------------------------
 
@@ -292,6 +342,37 @@ TEST_CASE("[step2] 16-bit parameters with float32 state: each step is the float3
   }
 }
 
+TEST_CASE("[step2] on 4 ATen threads the kernel runs its pieces in one parallel region, with the one-thread bits") {
+  const int64_t n = (1 << 20) + 3;  // 33 pieces of 32768
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    CAPTURE(dtype_name(dtype));
+    torch::manual_seed(12);
+    const torch::Tensor start = torch::randn({n}).to(dtype);
+    const torch::Tensor grad = torch::randn({n}).to(dtype);
+    State one = make_state(start.clone()), four = make_state(start.clone());
+    {
+      const ThreadsFor threads(1);
+      for (int step = 1; step <= 2; ++step)
+        fusion::adamw_kernel_cpu(one.param, grad, one.exp_avg, one.exp_avg_sq, hyper_with(1e-2, 0.1), step);
+    }
+    const ThreadsFor threads(4);
+    int regions = 0;
+    for (int step = 1; step <= 2; ++step) {
+      regions += parallel_regions([&] {
+        fusion::adamw_kernel_cpu(four.param, grad, four.exp_avg, four.exp_avg_sq, hyper_with(1e-2, 0.1), step);
+      });
+    }
+    CHECK(torch::equal(four.param, one.param));
+    CHECK(torch::equal(four.exp_avg, one.exp_avg));
+    CHECK(torch::equal(four.exp_avg_sq, one.exp_avg_sq));
+    if (regions_are_counted()) {
+      CHECK(regions == 2);  // one at::parallel_for per step
+    } else {
+      MESSAGE("parallel regions are not counted here (no OpenMP in this LibTorch)");
+    }
+  }
+}
+
 TEST_CASE("[step2] the fused kernel allocates nothing: no temporaries, unlike the unfused step") {
   const int64_t n = 1 << 16;
   State s = make_state(torch::randn({n}));
@@ -424,8 +505,11 @@ TEST_CASE("[step3] each bad input gives its named error") {
     CHECK_NOTHROW(call(s.param, grad, split.slice(0, 0, n), split.slice(0, n, 2 * n), good, 1));
   }
   SUBCASE("step") {
-    CHECK_THROWS_WITH_AS(call(s.param, grad, s.exp_avg, s.exp_avg_sq, good, 0), Contains("step must be >= 1"),
-                         c10::Error);
+    for (int64_t step : {int64_t{0}, int64_t{-1}, std::numeric_limits<int64_t>::min()}) {
+      CAPTURE(step);
+      CHECK_THROWS_WITH_AS(call(s.param, grad, s.exp_avg, s.exp_avg_sq, good, step), Contains("step must be >= 1"),
+                           c10::Error);
+    }
   }
   SUBCASE("hyper-parameters") {
     const auto check = [&](fusion::AdamWHyper h, const char* message) {
@@ -439,6 +523,12 @@ TEST_CASE("[step3] each bad input gives its named error") {
     check(with([](fusion::AdamWHyper& h) { h.beta1 = 1.0; }), "beta1 must be in [0, 1)");
     check(with([](fusion::AdamWHyper& h) { h.beta1 = -0.5; }), "beta1 must be in [0, 1)");
     check(with([](fusion::AdamWHyper& h) { h.beta2 = 1.5; }), "beta2 must be in [0, 1)");
+    check(with([](fusion::AdamWHyper& h) { h.beta2 = 1.0; }), "beta2 must be in [0, 1)");  // 1 - beta2^t = 0
+    // NaN compares false with everything: a rule written as !(x < 0) would let it through.
+    check(with([](fusion::AdamWHyper& h) { h.eps = std::nan(""); }), "eps must be >= 0");
+    check(with([](fusion::AdamWHyper& h) { h.weight_decay = std::nan(""); }), "weight_decay must be >= 0");
+    check(with([](fusion::AdamWHyper& h) { h.beta1 = std::nan(""); }), "beta1 must be in [0, 1)");
+    check(with([](fusion::AdamWHyper& h) { h.beta2 = std::nan(""); }), "beta2 must be in [0, 1)");
   }
   CHECK(torch::equal(s.exp_avg, torch::zeros({n})));  // no refused call wrote anything
 }
@@ -530,7 +620,55 @@ TEST_CASE("[step4] bad lists give their named errors, and nothing is written") {
     CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
                          Contains("overlap in memory"), c10::Error);
   }
+  SUBCASE("tuples on two devices") {
+    // Tuple 2 (empty) on another device: each tuple is on one device, but the list is not. A meta tensor stands in
+    // for a GPU (the check is called directly: the dispatcher would look for a meta kernel).
+    const torch::Tensor meta = torch::empty({0}, torch::TensorOptions().device(c10::kMeta));
+    Lists mixed = l;
+    mixed.params[2] = meta;
+    mixed.grads[2] = meta.clone();
+    mixed.exp_avgs[2] = meta.clone();
+    mixed.exp_avg_sqs[2] = meta.clone();
+    CHECK_THROWS_WITH_AS(fusion::check_adamw_multi_args(mixed.params, mixed.grads, mixed.exp_avgs, mixed.exp_avg_sqs, h,
+                                                        1),
+                         Contains("all tensors must be on one device"), c10::Error);
+  }
   for (const torch::Tensor& m : l.exp_avgs) CHECK(m.abs().sum().item<float>() == 0.0f);
+}
+
+TEST_CASE("[step4] on 4 ATen threads the whole list is one parallel region, with the one-thread bits") {
+  // Five tensors of three pieces each, and small ones: one region in all, not one per tensor.
+  const auto lists = [] {
+    Lists l = make_lists(14);
+    torch::manual_seed(15);
+    for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kFloat, torch::kHalf, torch::kFloat}) {
+      l.params.push_back(torch::randn({70000}).to(dtype));
+      l.grads.push_back(torch::randn({70000}).to(dtype));
+      l.exp_avgs.push_back(torch::zeros({70000}));
+      l.exp_avg_sqs.push_back(torch::zeros({70000}));
+    }
+    return l;
+  };
+  Lists one = lists(), four = lists();
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  {
+    const ThreadsFor threads(1);
+    fusion::fused_adamw_multi_(one.params, one.grads, one.exp_avgs, one.exp_avg_sqs, hyper, 1);
+  }
+  const ThreadsFor threads(4);
+  const int regions = parallel_regions(
+      [&] { fusion::fused_adamw_multi_(four.params, four.grads, four.exp_avgs, four.exp_avg_sqs, hyper, 1); });
+  for (size_t i = 0; i < one.params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(four.params[i], one.params[i]));
+    CHECK(torch::equal(four.exp_avgs[i], one.exp_avgs[i]));
+    CHECK(torch::equal(four.exp_avg_sqs[i], one.exp_avg_sqs[i]));
+  }
+  if (regions_are_counted()) {
+    CHECK(regions == 1);
+  } else {
+    MESSAGE("parallel regions are not counted here (no OpenMP in this LibTorch)");
+  }
 }
 
 // ---- step 5: the scaler's fused unscale ------------------------------------------------------------------
@@ -568,8 +706,12 @@ TEST_CASE("[step5] the dispatcher finds workshop::fused_unscale_ with ATen's uns
 }
 
 TEST_CASE("[step5] finite gradients are multiplied by inv_scale, each rounded once to its dtype; found_inf stays 0") {
-  const std::vector<torch::Tensor> before = scaled_grads(21);
-  for (float inv : {1.0f / 1024, 0.1f, 1.0f}) {
+  std::vector<torch::Tensor> before = scaled_grads(21);
+  // A scale below 1 (inv_scale 16): a float32 1e38 and a float16 60000 overflow when multiplied. The values read
+  // were finite, so found_inf stays 0 (ATen tests the value before the multiply).
+  before.push_back(torch::full({9}, 1e38f));
+  before.push_back(torch::full({13}, 60000.0).to(torch::kHalf));
+  for (float inv : {1.0f / 1024, 0.1f, 1.0f, 16.0f}) {
     CAPTURE(inv);
     std::vector<torch::Tensor> grads = clones(before);
     torch::Tensor found_inf = torch::zeros({1});
@@ -591,18 +733,21 @@ TEST_CASE("[step5] an inf or a NaN anywhere sets found_inf to 1, and every value
                                                           {6, 0}, {2, 6}};
   for (const auto& [t, k] : places) {
     for (float bad : {INFINITY, -INFINITY, NAN}) {
-      CAPTURE(t);
-      CAPTURE(k);
-      CAPTURE(bad);
-      std::vector<torch::Tensor> grads = clones(before);
-      grads[t][k] = bad;
-      std::vector<torch::Tensor> expected = clones(grads);
-      torch::Tensor found_inf = torch::zeros({1});
-      fusion::fused_unscale_(grads, found_inf, torch::full({1}, 0.5f));
-      CHECK(found_inf.item<float>() == 1.0f);
-      for (size_t i = 0; i < grads.size(); ++i) {
-        const torch::Tensor want = (expected[i].to(torch::kFloat) * 0.5f).to(expected[i].scalar_type());
-        CHECK(torch::equal(grads[i].nan_to_num(0, 1, -1), want.nan_to_num(0, 1, -1)));
+      for (float inv : {0.5f, 1.0f}) {  // at a scale of 1 nothing is multiplied, but the check still runs
+        CAPTURE(t);
+        CAPTURE(k);
+        CAPTURE(bad);
+        CAPTURE(inv);
+        std::vector<torch::Tensor> grads = clones(before);
+        grads[t][k] = bad;
+        std::vector<torch::Tensor> expected = clones(grads);
+        torch::Tensor found_inf = torch::zeros({1});
+        fusion::fused_unscale_(grads, found_inf, torch::full({1}, inv));
+        CHECK(found_inf.item<float>() == 1.0f);
+        for (size_t i = 0; i < grads.size(); ++i) {  // every element, those after the bad one included
+          const torch::Tensor want = (expected[i].to(torch::kFloat) * inv).to(expected[i].scalar_type());
+          CHECK(torch::equal(grads[i].nan_to_num(0, 1, -1), want.nan_to_num(0, 1, -1)));
+        }
       }
     }
   }
@@ -695,6 +840,71 @@ TEST_CASE("[step5] lesson 1's GradScaler takes its fused path through workshop::
   CHECK(scales[0] == std::vector<double>{1024, 2048, 1024, 1024, 2048});
   CHECK(torch::equal(params[0][0], params[1][0]));
   CHECK(torch::equal(params[0][1], params[1][1]));
+}
+
+TEST_CASE("[step5] on 4 ATen threads the unscale is one parallel region, with the one-thread bits and flag") {
+  std::vector<torch::Tensor> before = scaled_grads(24);
+  before.push_back((torch::randn({200000}) * 1024).to(torch::kBFloat16));
+  before.push_back((torch::randn({70000}) * 1024).to(torch::kHalf));
+  for (bool with_inf : {false, true}) {
+    CAPTURE(with_inf);
+    std::vector<torch::Tensor> one = clones(before), four = clones(before);
+    if (with_inf) {
+      one[7][150000] = INFINITY;
+      four[7][150000] = INFINITY;
+    }
+    torch::Tensor found_one = torch::zeros({1}), found_four = torch::zeros({1});
+    {
+      const ThreadsFor threads(1);
+      fusion::fused_unscale_(one, found_one, torch::full({1}, 0.25f));
+    }
+    const ThreadsFor threads(4);
+    const int regions = parallel_regions([&] { fusion::fused_unscale_(four, found_four, torch::full({1}, 0.25f)); });
+    CHECK(found_four.item<float>() == (with_inf ? 1.0f : 0.0f));
+    CHECK(found_four.item<float>() == found_one.item<float>());
+    for (size_t i = 0; i < one.size(); ++i)
+      CHECK(torch::equal(four[i].nan_to_num(0, 1, -1), one[i].nan_to_num(0, 1, -1)));
+    if (regions_are_counted()) {
+      CHECK(regions == 1);
+    } else {
+      MESSAGE("parallel regions are not counted here (no OpenMP in this LibTorch)");
+    }
+  }
+}
+
+TEST_CASE("[step5] lesson 1's GradScaler, auto and fused, unscales float64 gradients that the operator refuses") {
+  REQUIRE(amp::fused_unscale_kernel(c10::DeviceType::CPU) == fusion::kUnscaleOpName);
+  // The operator takes float32, bfloat16 and float16 only; ATen's unscale also takes float64, so the scaler falls
+  // back to another kernel for it instead of throwing.
+  std::vector<torch::Tensor> params[3];
+  std::vector<bool> stepped[3];
+  const amp::KernelPath paths[3] = {amp::KernelPath::kAuto, amp::KernelPath::kFused, amp::KernelPath::kPlain};
+  for (int p = 0; p < 3; ++p) {
+    CAPTURE(p);
+    torch::manual_seed(6);
+    torch::Tensor w = torch::randn({5000}, torch::kDouble).requires_grad_(true);
+    torch::Tensor b = torch::randn({3}).requires_grad_(true);  // float32 beside it: a list of two dtypes
+    torch::optim::SGD sgd({w, b}, 0.1);
+    amp::GradScalerOptions options;
+    options.init_scale = 256;
+    options.kernels = paths[p];
+    amp::GradScaler scaler(options);
+    for (int it = 0; it < 3; ++it) {
+      sgd.zero_grad();
+      torch::Tensor loss = (w * w).sum() * 1e-3 + b.sum();
+      if (it == 1) loss = loss * std::numeric_limits<double>::infinity();
+      scaler.scale(loss).backward();
+      stepped[p].push_back(scaler.step(sgd));
+      scaler.update();
+    }
+    params[p] = {w.detach(), b.detach()};
+  }
+  CHECK(stepped[0] == std::vector<bool>{true, false, true});
+  for (int p = 0; p < 2; ++p) {
+    CHECK(stepped[p] == stepped[2]);
+    CHECK(torch::equal(params[p][0], params[2][0]));
+    CHECK(torch::equal(params[p][1], params[2][1]));
+  }
 }
 
 // ---- step 6: the kernels on a GPU ------------------------------------------------------------------------

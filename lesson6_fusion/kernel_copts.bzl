@@ -8,6 +8,10 @@ decides that pays. Measured with gcc 12 on the reference solution (objdump of th
                                      multi-tensor kernel (step 4) called the same loop, gcc's cost model went back
                                      to one lane at a time (sqrtss/divss) and the step took 3.5x longer
   + -fvect-cost-model=unlimited:     sqrtps/divps again, whatever else the file holds
+  -fopenmp:                          at::parallel_for is a template in ATen's headers; LibTorch's OpenMP build
+                                     runs it on several threads only where the file that instantiates it is
+                                     compiled with OpenMP (_OPENMP defined). Without the flag every piece ran on
+                                     the calling thread (found 2026-12-05: no OpenMP region was ever entered).
 These are gcc flags (the toolchain of Debian 12 and 13).
 
 fusion_library() builds one implementation of the lesson (the learner's or the reference) the same way.
@@ -25,6 +29,7 @@ KERNEL_COPTS = [
     "-O3",
     "-fno-math-errno",
     "-fvect-cost-model=unlimited",
+    "-fopenmp",
 ]
 
 GRID_COPTS = [
@@ -67,7 +72,7 @@ def fusion_library(name, cc, cu):
         name = name,
         srcs = srcs,
         copts = LEARNER_COPTS + KERNEL_COPTS,
-        linkopts = CUDA_LINKOPTS,
+        linkopts = CUDA_LINKOPTS + ["-fopenmp"],  # libgomp, the OpenMP runtime LibTorch itself uses
         alwayslink = True,
         deps = [
             "//lesson6_fusion:given",

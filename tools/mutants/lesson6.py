@@ -121,6 +121,66 @@ MUTANTS = [
      'TORCH_CHECK(g.is_contiguous(), "fused_unscale_: grad ", i, " is not contiguous");',
      "",
      "a strided gradient is accepted and its memory walked as if contiguous"),
+    # ---- the checks of lesson6 issue 27, section 2: mistakes that used to pass --------------------------------
+    ("l6_nan_eps_accepted", L6,
+     "TORCH_CHECK(hyper.eps >= 0,",
+     "TORCH_CHECK(!(hyper.eps < 0),",
+     "a NaN eps is accepted (the rule written as 'not negative')"),
+    ("l6_nan_weight_decay_accepted", L6,
+     "TORCH_CHECK(hyper.weight_decay >= 0,",
+     "TORCH_CHECK(!(hyper.weight_decay < 0),",
+     "a NaN weight decay is accepted"),
+    ("l6_nan_beta1_accepted", L6,
+     "TORCH_CHECK(hyper.beta1 >= 0 && hyper.beta1 < 1,",
+     "TORCH_CHECK(!(hyper.beta1 < 0 || hyper.beta1 >= 1),",
+     "a NaN beta1 is accepted"),
+    ("l6_nan_beta2_accepted", L6,
+     "TORCH_CHECK(hyper.beta2 >= 0 && hyper.beta2 < 1,",
+     "TORCH_CHECK(!(hyper.beta2 < 0 || hyper.beta2 >= 1),",
+     "a NaN beta2 is accepted"),
+    ("l6_beta2_one_accepted", L6,
+     "TORCH_CHECK(hyper.beta2 >= 0 && hyper.beta2 < 1,",
+     "TORCH_CHECK(hyper.beta2 >= 0 && hyper.beta2 <= 1,",
+     "beta2 = 1 is accepted: 1 - beta2^t is 0 and the step divides by it"),
+    ("l6_negative_step_accepted", L6,
+     "TORCH_CHECK(step >= 1,",
+     "TORCH_CHECK(step != 0,",
+     "a negative step is accepted (only 0 refused)"),
+    ("l6_shared_scratch_buffer", L6,
+     "  float lanes[Vec::size()] = {};\n  for (int64_t i = 0; i < count; ++i) lanes[i] = static_cast<float>(src[i]);",
+     "  static float lanes[Vec::size()];  // one buffer for every thread\n"
+     "  for (int64_t i = 0; i < Vec::size(); ++i) lanes[i] = i < count ? static_cast<float>(src[i]) : 0.0f;",
+     "the 16-bit load converts through one static buffer that the threads of the parallel region share"),
+    ("l6_multi_region_per_tensor", L6,
+     "  // One parallel region for the whole list.\n  for_each_chunk(offsets.back(), [&](int64_t begin, int64_t end) {",
+     "  for (size_t t = 0; t < params.size(); ++t) {\n"
+     "    for_each_chunk(params[t].numel(), [&](int64_t lo, int64_t hi) {\n"
+     "      update_part(params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], lo, hi, c, decay);\n"
+     "    });\n"
+     "  }\n"
+     "  if ((false)) for_each_chunk(offsets.back(), [&](int64_t begin, int64_t end) {",
+     "the multi-tensor kernel runs one parallel region per tensor (the right values, not one region)"),
+    ("l6_unscale_region_per_grad", L6,
+     "  for_each_chunk(offsets.back(), [&](int64_t begin, int64_t end) {\n    bool found = false;",
+     "  for (size_t t = 0; t < grads.size(); ++t) {\n"
+     "    for_each_chunk(grads[t].numel(), [&](int64_t lo, int64_t hi) {\n"
+     "      if (unscale_part(grads[t], lo, hi, inv)) piece_found[0] = 1;\n"
+     "    });\n"
+     "  }\n"
+     "  if ((false)) for_each_chunk(offsets.back(), [&](int64_t begin, int64_t end) {\n    bool found = false;",
+     "the unscale runs one parallel region per gradient"),
+    ("l6_unscale_check_skipped_at_scale_1", L6,
+     "    non_finite = non_finite + (x - x);\n",
+     "    if (inv_scale != 1.0f) non_finite = non_finite + (x - x);\n",
+     "at a scale of 1 nothing is multiplied, and the non-finite check is skipped with it"),
+    ("l6_unscale_checks_after_multiply", L6,
+     "    non_finite = non_finite + (x - x);\n    if (inv_scale != 1.0f) store(g + i, x * inv, n);",
+     "    const Vec y = x * inv;\n    non_finite = non_finite + (y - y);\n    if (inv_scale != 1.0f) store(g + i, y, n);",
+     "the non-finite check looks at the unscaled value: a finite gradient that overflows when multiplied is flagged"),
+    ("l6_multi_devices_unchecked", L6,
+     "    TORCH_CHECK(params[i].device() == params[0].device(),",
+     "    TORCH_CHECK(true || params[i].device() == params[0].device(),",
+     "tuples on different devices are accepted (the CUDA operator updates some, then fails)"),
     # ---- step 6: the launch shape (the CUDA kernels' own mutants need a GPU to be caught: not listed) ------
     ("l6_launch_blocks_rounded_down", L6,
      "const int64_t wanted = (packs + kThreadsPerBlock - 1) / kThreadsPerBlock;",
