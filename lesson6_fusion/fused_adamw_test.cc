@@ -844,14 +844,15 @@ TEST_CASE("[step5] lesson 1's GradScaler takes its fused path through workshop::
 
 TEST_CASE("[step5] on 4 ATen threads the unscale is one parallel region, with the one-thread bits and flag") {
   std::vector<torch::Tensor> before = scaled_grads(24);
-  before.push_back((torch::randn({200000}) * 1024).to(torch::kBFloat16));
-  before.push_back((torch::randn({70000}) * 1024).to(torch::kHalf));
-  for (bool with_inf : {false, true}) {
+  // Large 16-bit gradients: each thread's share takes long enough that the threads really overlap in time.
+  before.push_back((torch::randn({(1 << 22) + 5}) * 1024).to(torch::kBFloat16));
+  before.push_back((torch::randn({1 << 21}) * 1024).to(torch::kHalf));
+  for (bool with_inf : {false, true, false}) {
     CAPTURE(with_inf);
     std::vector<torch::Tensor> one = clones(before), four = clones(before);
     if (with_inf) {
-      one[7][150000] = INFINITY;
-      four[7][150000] = INFINITY;
+      one[7][3000000] = INFINITY;
+      four[7][3000000] = INFINITY;
     }
     torch::Tensor found_one = torch::zeros({1}), found_four = torch::zeros({1});
     {

@@ -146,11 +146,17 @@ MUTANTS = [
      "TORCH_CHECK(step >= 1,",
      "TORCH_CHECK(step != 0,",
      "a negative step is accepted (only 0 refused)"),
-    ("l6_shared_scratch_buffer", L6,
-     "  float lanes[Vec::size()] = {};\n  for (int64_t i = 0; i < count; ++i) lanes[i] = static_cast<float>(src[i]);",
-     "  static float lanes[Vec::size()];  // one buffer for every thread\n"
-     "  for (int64_t i = 0; i < Vec::size(); ++i) lanes[i] = i < count ? static_cast<float>(src[i]) : 0.0f;",
-     "the 16-bit load converts through one static buffer that the threads of the parallel region share"),
+    ("l6_unscale_shared_scratch", L6,
+     "    case c10::ScalarType::BFloat16:\n      return unscale_range(grad.data_ptr<c10::BFloat16>(), lo, hi, inv_scale);",
+     "    case c10::ScalarType::BFloat16: {\n"
+     "      static std::vector<float> scratch(kChunk);  // one piece's buffer, shared by every thread\n"
+     "      c10::BFloat16* g = grad.data_ptr<c10::BFloat16>();\n"
+     "      for (int64_t i = lo; i < hi; ++i) scratch[i - lo] = static_cast<float>(g[i]);\n"
+     "      const bool found = unscale_range(scratch.data(), 0, hi - lo, inv_scale);\n"
+     "      for (int64_t i = lo; i < hi; ++i) g[i] = c10::BFloat16(scratch[i - lo]);\n"
+     "      return found;\n"
+     "    }",
+     "bfloat16 gradients are unscaled through one float32 scratch buffer that the threads of the region share"),
     ("l6_multi_region_per_tensor", L6,
      "  // One parallel region for the whole list.\n  for_each_chunk(offsets.back(), [&](int64_t begin, int64_t end) {",
      "  for (size_t t = 0; t < params.size(); ++t) {\n"
