@@ -1309,6 +1309,22 @@ GPU_TEST_CASE("[step6] CUDA: step 3's checks guard the CUDA kernel too") {
   CHECK(s.exp_avg.abs().sum().item<float>() == 0.0f);  // nothing written
 }
 
+GPU_TEST_CASE("[step6] CUDA: tuples on the CPU and on the GPU in one call are refused before anything is written") {
+  require_cuda_kernels();
+  std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  for (const torch::Device& device : {kCuda, torch::Device(torch::kCPU)}) {
+    params.push_back(torch::randn({1000}, device));
+    grads.push_back(torch::randn({1000}, device));
+    exp_avgs.push_back(torch::zeros({1000}, device));
+    exp_avg_sqs.push_back(torch::zeros({1000}, device));
+  }
+  const std::vector<torch::Tensor> before = {params[0].clone(), params[1].clone()};
+  CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(params, grads, exp_avgs, exp_avg_sqs, fusion::AdamWHyper{}, 1),
+                       Contains("all tensors must be on one device"), c10::Error);
+  CHECK(torch::equal(params[0].cpu(), before[0].cpu()));
+  CHECK(torch::equal(params[1], before[1]));
+}
+
 GPU_TEST_CASE("[step6] CUDA unscale: the CPU operator's values and flag, and an inf anywhere is found") {
   require_cuda_kernels();
   const std::vector<torch::Tensor> before = scaled_grads(23);
