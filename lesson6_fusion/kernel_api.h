@@ -31,8 +31,9 @@ constexpr int kBlocksPerMultiprocessor = 4;  ///< the grid stops growing at this
 
 /// Step 6. The launch shape for `numel` elements read `vector_width` at a time on a GPU with `multiprocessors`
 /// streaming multiprocessors: kThreadsPerBlock threads per block, and enough blocks for one pack per thread
-/// (the last pack may be partial), but at most kBlocksPerMultiprocessor blocks per multiprocessor: past that the
-/// GPU is full, and each thread loops over more packs instead (the grid-stride loop). numel 0: zero blocks.
+/// (the last pack may be partial), but at most kBlocksPerMultiprocessor blocks per multiprocessor (1024 threads:
+/// half of what an H100 or H200 multiprocessor holds); past that each thread loops over more packs instead (the
+/// grid-stride loop). numel 0: zero blocks.
 /// Throws c10::Error (it is C++ code, fused_adamw.cc), each message ending with the value it got:
 ///   "launch_shape: numel must be >= 0, got -1"
 ///   "launch_shape: vector_width must be 1, 2, 4 or 8, got 3"
