@@ -67,8 +67,8 @@ void unscale_grads_plain(const std::vector<at::Tensor>& grads, at::Tensor& found
 
 /// The same as unscale_grads_plain in one fused kernel. Given (not an exercise). The kernel, in this order:
 /// lesson 6's operator `workshop::fused_unscale_` where a kernel of it is registered for the device (in any
-/// binary that links lesson 6, step 5; it takes contiguous gradients, so with a non-contiguous one this falls
-/// through), else ATen's `_amp_foreach_non_finite_check_and_unscale_` where the device has it (CUDA; CPU from
+/// binary that links lesson 6, step 5; it takes contiguous float32, bfloat16 and float16 gradients, so with a
+/// non-contiguous or a float64 one this falls through), else ATen's `_amp_foreach_non_finite_check_and_unscale_` where the device has it (CUDA; CPU from
 /// LibTorch 2.3), else unscale_grads_plain when lesson 6's operator was chosen but cannot take these
 /// gradients; throws c10::Error where the device has neither kernel.
 void unscale_grads_fused(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale);

@@ -43,14 +43,17 @@ void unscale_grads_fused(const std::vector<at::Tensor>& grads, at::Tensor& found
   const c10::DeviceType device = found_inf.device().type();
   const bool aten = workshop::compat::has_fused_amp_kernels(device);
   if (const auto op = workshop_unscale(device)) {
-    const bool contiguous = std::all_of(grads.begin(), grads.end(), [](const at::Tensor& g) {
-      return g.defined() && g.layout() == c10::kStrided && g.is_contiguous();
+    // Lesson 6's operator takes contiguous float32, bfloat16 and float16 gradients (ATen's also takes float64).
+    const bool takes = std::all_of(grads.begin(), grads.end(), [](const at::Tensor& g) {
+      const c10::ScalarType dtype = g.defined() ? g.scalar_type() : c10::ScalarType::Undefined;
+      return g.defined() && g.layout() == c10::kStrided && g.is_contiguous() &&
+             (dtype == c10::ScalarType::Float || dtype == c10::ScalarType::BFloat16 || dtype == c10::ScalarType::Half);
     });
-    if (contiguous) {
+    if (takes) {
       op->typed<void(at::TensorList, at::Tensor&, const at::Tensor&)>().call(grads, found_inf, inv_scale);
       return;
     }
-    if (!aten) {  // lesson 6's kernel walks contiguous memory only; without ATen's, the plain ops
+    if (!aten) {  // a gradient lesson 6's kernel refuses; without ATen's kernel, the plain ops
       unscale_grads_plain(grads, found_inf, inv_scale);
       return;
     }

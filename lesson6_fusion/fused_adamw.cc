@@ -90,8 +90,9 @@ void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::
                             c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
                             const AdamWHyper& hyper, int64_t step) {
   // TODO(lesson6, step 4): The rules of fused_adamw.h: one length; check_adamw_args() for each tuple, its error
-  // prefixed with "tensor <i>: "; then no overlap between tensors of different tuples (sort the byte ranges by
-  // start address: two overlap somewhere only if two neighbours in that order do).
+  // prefixed with "tensor <i>: "; every tuple on tuple 0's device; then no overlap between tensors of different
+  // tuples (sort the byte ranges by start address: two overlap somewhere only if two neighbours in that order do;
+  // name the two tensors only when the check fails, a call that passes should format no string).
   TORCH_CHECK(false, "TODO(lesson6, step 4): check_adamw_multi_args() is not implemented yet");
 }
 // [multi_check_args]

@@ -95,6 +95,8 @@ void adamw_multi_kernel_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::
 /// "fused_adamw_multi_: ":
 ///   "the lists must have one length"                  (with the four lengths)
 ///   "tensor 2: fused_adamw_: grad is not contiguous"  (check_adamw_args() of each tuple, with its index)
+///   "all tensors must be on one device"               (tuples on different devices, e.g. "tensor 2 is on meta,
+///                                                      tensor 0 on cpu"; refused before anything is written)
 ///   "params[1] and params[0] overlap in memory"       (any two tensors of different tuples that share bytes)
 /// Empty lists and empty tensors are accepted.
 void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,

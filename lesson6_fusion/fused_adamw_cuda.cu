@@ -1,37 +1,38 @@
-// Lesson 6, step 6 — your CUDA kernels. Built only where LibTorch has CUDA and nvcc is installed; the checks of
-// step 6 run on a GPU (bazel test //lesson6_fusion:all on a CUDA machine, or tools/gpu_check.sh).
-// nvcc compiles this file with kernel_api.h alone: no LibTorch header (and no TORCH_CHECK) in here.
+// Lesson 6, step 6 — your CUDA kernels. On every machine the checks of step 6 run them on a simulated grid on the
+// CPU (grid.h): the host compiler reads this file through grid.h's shim where there is no nvcc. Where LibTorch has
+// CUDA and nvcc is installed, nvcc compiles it and the GPU cases run the same kernels on the GPU too.
+// No LibTorch header (and no TORCH_CHECK) in here: kernel_api.h and grid.h only.
 #include "lesson6_fusion/kernel_api.h"
 
 #include <cmath>
 
-#include <cuda_bf16.h>     // __nv_bfloat16, __bfloat162float, __float2bfloat16_rn
-#include <cuda_fp16.h>     // __half, __half2float, __float2half_rn
-#include <cuda_runtime.h>  // cudaStream_t, cudaGetLastError, cudaDeviceGetAttribute
+#include "lesson6_fusion/grid.h"  // the CUDA headers under nvcc, a shim without; launch(), packs, Thread
 
 namespace fusion {
 namespace cuda {
 
 // [cuda_kernel]
 const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_avg, float* exp_avg_sq, int64_t numel,
-                         const AdamWHyper& hyper, int64_t step, void* stream) {
-  // TODO(lesson6, step 6): Step 2's scalars, on the host, in double, then cast to float. A __global__ kernel
-  // templated on the element type (float, __nv_bfloat16, __half) and a pack width: a grid-stride loop over
-  // packs of 4 elements (a struct alignas(4 * sizeof(T)) { T x[4]; } loads in one instruction), one element
-  // per thread for the few left after the last whole pack, the same update as step 2 in float32. Use packs of 4
-  // only when all four pointers are aligned to a pack, else packs of 1. The grid: launch_shape(numel, width,
-  // multiprocessors) (cudaDeviceGetAttribute(..., cudaDevAttrMultiProcessorCount, device)); launch on
-  // static_cast<cudaStream_t>(stream), then return cudaGetLastError()'s text if it is not cudaSuccess.
+                         const AdamWHyper& hyper, int64_t step, const Target& target) {
+  // TODO(lesson6, step 6): Step 2's scalars, on the host, in double, then cast to float. A kernel templated on the
+  // element type (float, __nv_bfloat16, __half) and a pack width kWidth, written as a struct whose
+  // `__host__ __device__ void operator()(Thread thread, ...) const` is the body of one thread (grid.h): a
+  // grid-stride loop over packs (load_pack<kWidth>(ptr, i), store_pack<kWidth>(ptr, i, pack)) from
+  // thread.index() in steps of thread.stride(), one element per thread for the few left after the last whole
+  // pack, the same update as step 2 in float32 (mul_rn, add_rn, div_rn, fmaf pin its roundings). Packs of 4 only
+  // when all four pointers are aligned to a pack, else packs of 1. Then
+  // return launch<YourKernel<T, kWidth>>(launch_shape(numel, kWidth, multiprocessors(target)), target, args...).
   return "TODO(lesson6, step 6): launch_adamw() is not implemented yet";
 }
 // [cuda_kernel]
 
 // [cuda_unscale]
 const char* launch_unscale(Dtype dtype, void* grad, int64_t numel, float* found_inf, const float* inv_scale,
-                           void* stream) {
-  // TODO(lesson6, step 6): Step 5 on the GPU, for one gradient: the same grid-stride loop and packs; read
-  // *inv_scale in the kernel (it is device memory), note !isfinite(x), multiply unless inv_scale is 1, and let a
-  // thread that saw inf or NaN store 1.0f into *found_inf (all such stores agree: no atomic needed).
+                           const Target& target) {
+  // TODO(lesson6, step 6): Step 5 as a kernel, for one gradient: the same grid-stride loop and packs; read
+  // *inv_scale in the kernel (on a GPU it is device memory), note !isfinite(x) of the value as read, multiply
+  // unless inv_scale is 1, and let a thread that saw inf or NaN store 1.0f into *found_inf (all such stores
+  // agree: no atomic needed).
   return "TODO(lesson6, step 6): launch_unscale() is not implemented yet";
 }
 // [cuda_unscale]

@@ -4,6 +4,9 @@
 // The oracle is LibTorch's own torch::optim::AdamW, and the one-op-at-a-time step of given.cc that follows it.
 #include "tests/torch_doctest.h"
 
+#include <dlfcn.h>  // dlsym(RTLD_NEXT, ...): the OpenMP runtime's GOMP_parallel, behind the counter below
+
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -97,7 +100,54 @@ fusion::AdamWHyper hyper_with(double lr, double weight_decay, double eps = 1e-8)
 
 constexpr double kFloatTolerance = 1e-6;  // float32: the same ops in the same order, so rounding only
 
+// at::set_num_threads(n) for one scope: the checks run the kernels with several ATen threads, where pieces that
+// share anything (a scratch buffer, a flag) would race.
+class ThreadsFor {
+ public:
+  explicit ThreadsFor(int n) : saved_(at::get_num_threads()) { at::set_num_threads(n); }
+  ~ThreadsFor() { at::set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// The OpenMP parallel regions entered while counting: LibTorch's OpenMP build enters one per at::parallel_for
+// that runs on several threads (GCC turns `#pragma omp parallel` into a call of libgomp's GOMP_parallel, which the
+// test binary's own definition below counts and forwards).
+std::atomic<bool> g_counting{false};
+std::atomic<int> g_regions{0};
+
+// How many parallel regions `f` enters.
+template <typename F>
+int parallel_regions(const F& f) {
+  struct Counting {
+    Counting() {
+      g_regions = 0;
+      g_counting = true;
+    }
+    ~Counting() { g_counting = false; }
+  } counting;
+  f();
+  return g_regions;
+}
+
+// Whether regions can be counted here: an ATen op over 2^20 elements on 2 threads enters one (none where LibTorch
+// has no OpenMP, or where this binary's GOMP_parallel is not the one LibTorch calls).
+bool regions_are_counted() {
+  const ThreadsFor threads(2);
+  torch::Tensor x = torch::zeros({1 << 20});
+  return parallel_regions([&] { x.add_(1); }) > 0;
+}
+
 }  // namespace
+
+extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags) {
+  using Real = void (*)(void (*)(void*), void*, unsigned, unsigned);
+  static const Real real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "GOMP_parallel"));
+  if (real == nullptr) std::abort();  // no OpenMP runtime after this binary: nothing could have called this
+  if (g_counting) ++g_regions;
+  real(fn, data, num_threads, flags);
+}
 
 // ---- step 1: napkin math -------------------------------------------------------------------------------
 
@@ -292,6 +342,37 @@ TEST_CASE("[step2] 16-bit parameters with float32 state: each step is the float3
   }
 }
 
+TEST_CASE("[step2] on 4 ATen threads the kernel runs its pieces in one parallel region, with the one-thread bits") {
+  const int64_t n = (1 << 20) + 3;  // 33 pieces of 32768
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    CAPTURE(dtype_name(dtype));
+    torch::manual_seed(12);
+    const torch::Tensor start = torch::randn({n}).to(dtype);
+    const torch::Tensor grad = torch::randn({n}).to(dtype);
+    State one = make_state(start.clone()), four = make_state(start.clone());
+    {
+      const ThreadsFor threads(1);
+      for (int step = 1; step <= 2; ++step)
+        fusion::adamw_kernel_cpu(one.param, grad, one.exp_avg, one.exp_avg_sq, hyper_with(1e-2, 0.1), step);
+    }
+    const ThreadsFor threads(4);
+    int regions = 0;
+    for (int step = 1; step <= 2; ++step) {
+      regions += parallel_regions([&] {
+        fusion::adamw_kernel_cpu(four.param, grad, four.exp_avg, four.exp_avg_sq, hyper_with(1e-2, 0.1), step);
+      });
+    }
+    CHECK(torch::equal(four.param, one.param));
+    CHECK(torch::equal(four.exp_avg, one.exp_avg));
+    CHECK(torch::equal(four.exp_avg_sq, one.exp_avg_sq));
+    if (regions_are_counted()) {
+      CHECK(regions == 2);  // one at::parallel_for per step
+    } else {
+      MESSAGE("parallel regions are not counted here (no OpenMP in this LibTorch)");
+    }
+  }
+}
+
 TEST_CASE("[step2] the fused kernel allocates nothing: no temporaries, unlike the unfused step") {
   const int64_t n = 1 << 16;
   State s = make_state(torch::randn({n}));
@@ -424,8 +505,11 @@ TEST_CASE("[step3] each bad input gives its named error") {
     CHECK_NOTHROW(call(s.param, grad, split.slice(0, 0, n), split.slice(0, n, 2 * n), good, 1));
   }
   SUBCASE("step") {
-    CHECK_THROWS_WITH_AS(call(s.param, grad, s.exp_avg, s.exp_avg_sq, good, 0), Contains("step must be >= 1"),
-                         c10::Error);
+    for (int64_t step : {int64_t{0}, int64_t{-1}, std::numeric_limits<int64_t>::min()}) {
+      CAPTURE(step);
+      CHECK_THROWS_WITH_AS(call(s.param, grad, s.exp_avg, s.exp_avg_sq, good, step), Contains("step must be >= 1"),
+                           c10::Error);
+    }
   }
   SUBCASE("hyper-parameters") {
     const auto check = [&](fusion::AdamWHyper h, const char* message) {
@@ -439,6 +523,12 @@ TEST_CASE("[step3] each bad input gives its named error") {
     check(with([](fusion::AdamWHyper& h) { h.beta1 = 1.0; }), "beta1 must be in [0, 1)");
     check(with([](fusion::AdamWHyper& h) { h.beta1 = -0.5; }), "beta1 must be in [0, 1)");
     check(with([](fusion::AdamWHyper& h) { h.beta2 = 1.5; }), "beta2 must be in [0, 1)");
+    check(with([](fusion::AdamWHyper& h) { h.beta2 = 1.0; }), "beta2 must be in [0, 1)");  // 1 - beta2^t = 0
+    // NaN compares false with everything: a rule written as !(x < 0) would let it through.
+    check(with([](fusion::AdamWHyper& h) { h.eps = std::nan(""); }), "eps must be >= 0");
+    check(with([](fusion::AdamWHyper& h) { h.weight_decay = std::nan(""); }), "weight_decay must be >= 0");
+    check(with([](fusion::AdamWHyper& h) { h.beta1 = std::nan(""); }), "beta1 must be in [0, 1)");
+    check(with([](fusion::AdamWHyper& h) { h.beta2 = std::nan(""); }), "beta2 must be in [0, 1)");
   }
   CHECK(torch::equal(s.exp_avg, torch::zeros({n})));  // no refused call wrote anything
 }
@@ -530,7 +620,55 @@ TEST_CASE("[step4] bad lists give their named errors, and nothing is written") {
     CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
                          Contains("overlap in memory"), c10::Error);
   }
+  SUBCASE("tuples on two devices") {
+    // Tuple 2 (empty) on another device: each tuple is on one device, but the list is not. A meta tensor stands in
+    // for a GPU (the check is called directly: the dispatcher would look for a meta kernel).
+    const torch::Tensor meta = torch::empty({0}, torch::TensorOptions().device(c10::kMeta));
+    Lists mixed = l;
+    mixed.params[2] = meta;
+    mixed.grads[2] = meta.clone();
+    mixed.exp_avgs[2] = meta.clone();
+    mixed.exp_avg_sqs[2] = meta.clone();
+    CHECK_THROWS_WITH_AS(fusion::check_adamw_multi_args(mixed.params, mixed.grads, mixed.exp_avgs, mixed.exp_avg_sqs, h,
+                                                        1),
+                         Contains("all tensors must be on one device"), c10::Error);
+  }
   for (const torch::Tensor& m : l.exp_avgs) CHECK(m.abs().sum().item<float>() == 0.0f);
+}
+
+TEST_CASE("[step4] on 4 ATen threads the whole list is one parallel region, with the one-thread bits") {
+  // Five tensors of three pieces each, and small ones: one region in all, not one per tensor.
+  const auto lists = [] {
+    Lists l = make_lists(14);
+    torch::manual_seed(15);
+    for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kFloat, torch::kHalf, torch::kFloat}) {
+      l.params.push_back(torch::randn({70000}).to(dtype));
+      l.grads.push_back(torch::randn({70000}).to(dtype));
+      l.exp_avgs.push_back(torch::zeros({70000}));
+      l.exp_avg_sqs.push_back(torch::zeros({70000}));
+    }
+    return l;
+  };
+  Lists one = lists(), four = lists();
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  {
+    const ThreadsFor threads(1);
+    fusion::fused_adamw_multi_(one.params, one.grads, one.exp_avgs, one.exp_avg_sqs, hyper, 1);
+  }
+  const ThreadsFor threads(4);
+  const int regions = parallel_regions(
+      [&] { fusion::fused_adamw_multi_(four.params, four.grads, four.exp_avgs, four.exp_avg_sqs, hyper, 1); });
+  for (size_t i = 0; i < one.params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(four.params[i], one.params[i]));
+    CHECK(torch::equal(four.exp_avgs[i], one.exp_avgs[i]));
+    CHECK(torch::equal(four.exp_avg_sqs[i], one.exp_avg_sqs[i]));
+  }
+  if (regions_are_counted()) {
+    CHECK(regions == 1);
+  } else {
+    MESSAGE("parallel regions are not counted here (no OpenMP in this LibTorch)");
+  }
 }
 
 // ---- step 5: the scaler's fused unscale ------------------------------------------------------------------
@@ -568,8 +706,12 @@ TEST_CASE("[step5] the dispatcher finds workshop::fused_unscale_ with ATen's uns
 }
 
 TEST_CASE("[step5] finite gradients are multiplied by inv_scale, each rounded once to its dtype; found_inf stays 0") {
-  const std::vector<torch::Tensor> before = scaled_grads(21);
-  for (float inv : {1.0f / 1024, 0.1f, 1.0f}) {
+  std::vector<torch::Tensor> before = scaled_grads(21);
+  // A scale below 1 (inv_scale 16): a float32 1e38 and a float16 60000 overflow when multiplied. The values read
+  // were finite, so found_inf stays 0 (ATen tests the value before the multiply).
+  before.push_back(torch::full({9}, 1e38f));
+  before.push_back(torch::full({13}, 60000.0).to(torch::kHalf));
+  for (float inv : {1.0f / 1024, 0.1f, 1.0f, 16.0f}) {
     CAPTURE(inv);
     std::vector<torch::Tensor> grads = clones(before);
     torch::Tensor found_inf = torch::zeros({1});
@@ -591,18 +733,21 @@ TEST_CASE("[step5] an inf or a NaN anywhere sets found_inf to 1, and every value
                                                           {6, 0}, {2, 6}};
   for (const auto& [t, k] : places) {
     for (float bad : {INFINITY, -INFINITY, NAN}) {
-      CAPTURE(t);
-      CAPTURE(k);
-      CAPTURE(bad);
-      std::vector<torch::Tensor> grads = clones(before);
-      grads[t][k] = bad;
-      std::vector<torch::Tensor> expected = clones(grads);
-      torch::Tensor found_inf = torch::zeros({1});
-      fusion::fused_unscale_(grads, found_inf, torch::full({1}, 0.5f));
-      CHECK(found_inf.item<float>() == 1.0f);
-      for (size_t i = 0; i < grads.size(); ++i) {
-        const torch::Tensor want = (expected[i].to(torch::kFloat) * 0.5f).to(expected[i].scalar_type());
-        CHECK(torch::equal(grads[i].nan_to_num(0, 1, -1), want.nan_to_num(0, 1, -1)));
+      for (float inv : {0.5f, 1.0f}) {  // at a scale of 1 nothing is multiplied, but the check still runs
+        CAPTURE(t);
+        CAPTURE(k);
+        CAPTURE(bad);
+        CAPTURE(inv);
+        std::vector<torch::Tensor> grads = clones(before);
+        grads[t][k] = bad;
+        std::vector<torch::Tensor> expected = clones(grads);
+        torch::Tensor found_inf = torch::zeros({1});
+        fusion::fused_unscale_(grads, found_inf, torch::full({1}, inv));
+        CHECK(found_inf.item<float>() == 1.0f);
+        for (size_t i = 0; i < grads.size(); ++i) {  // every element, those after the bad one included
+          const torch::Tensor want = (expected[i].to(torch::kFloat) * inv).to(expected[i].scalar_type());
+          CHECK(torch::equal(grads[i].nan_to_num(0, 1, -1), want.nan_to_num(0, 1, -1)));
+        }
       }
     }
   }
@@ -697,6 +842,72 @@ TEST_CASE("[step5] lesson 1's GradScaler takes its fused path through workshop::
   CHECK(torch::equal(params[0][1], params[1][1]));
 }
 
+TEST_CASE("[step5] on 4 ATen threads the unscale is one parallel region, with the one-thread bits and flag") {
+  std::vector<torch::Tensor> before = scaled_grads(24);
+  // Large 16-bit gradients: each thread's share takes long enough that the threads really overlap in time.
+  before.push_back((torch::randn({(1 << 22) + 5}) * 1024).to(torch::kBFloat16));
+  before.push_back((torch::randn({1 << 21}) * 1024).to(torch::kHalf));
+  for (bool with_inf : {false, true, false}) {
+    CAPTURE(with_inf);
+    std::vector<torch::Tensor> one = clones(before), four = clones(before);
+    if (with_inf) {
+      one[7][3000000] = INFINITY;
+      four[7][3000000] = INFINITY;
+    }
+    torch::Tensor found_one = torch::zeros({1}), found_four = torch::zeros({1});
+    {
+      const ThreadsFor threads(1);
+      fusion::fused_unscale_(one, found_one, torch::full({1}, 0.25f));
+    }
+    const ThreadsFor threads(4);
+    const int regions = parallel_regions([&] { fusion::fused_unscale_(four, found_four, torch::full({1}, 0.25f)); });
+    CHECK(found_four.item<float>() == (with_inf ? 1.0f : 0.0f));
+    CHECK(found_four.item<float>() == found_one.item<float>());
+    for (size_t i = 0; i < one.size(); ++i)
+      CHECK(torch::equal(four[i].nan_to_num(0, 1, -1), one[i].nan_to_num(0, 1, -1)));
+    if (regions_are_counted()) {
+      CHECK(regions == 1);
+    } else {
+      MESSAGE("parallel regions are not counted here (no OpenMP in this LibTorch)");
+    }
+  }
+}
+
+TEST_CASE("[step5] lesson 1's GradScaler, auto and fused, unscales float64 gradients that the operator refuses") {
+  REQUIRE(amp::fused_unscale_kernel(c10::DeviceType::CPU) == fusion::kUnscaleOpName);
+  // The operator takes float32, bfloat16 and float16 only; ATen's unscale also takes float64, so the scaler falls
+  // back to another kernel for it instead of throwing.
+  std::vector<torch::Tensor> params[3];
+  std::vector<bool> stepped[3];
+  const amp::KernelPath paths[3] = {amp::KernelPath::kAuto, amp::KernelPath::kFused, amp::KernelPath::kPlain};
+  for (int p = 0; p < 3; ++p) {
+    CAPTURE(p);
+    torch::manual_seed(6);
+    torch::Tensor w = torch::randn({5000}, torch::kDouble).requires_grad_(true);
+    torch::Tensor b = torch::randn({3}).requires_grad_(true);  // float32 beside it: a list of two dtypes
+    torch::optim::SGD sgd({w, b}, 0.1);
+    amp::GradScalerOptions options;
+    options.init_scale = 256;
+    options.kernels = paths[p];
+    amp::GradScaler scaler(options);
+    for (int it = 0; it < 3; ++it) {
+      sgd.zero_grad();
+      torch::Tensor loss = (w * w).sum() * 1e-3 + b.sum();
+      if (it == 1) loss = loss * std::numeric_limits<double>::infinity();
+      scaler.scale(loss).backward();
+      stepped[p].push_back(scaler.step(sgd));
+      scaler.update();
+    }
+    params[p] = {w.detach(), b.detach()};
+  }
+  CHECK(stepped[0] == std::vector<bool>{true, false, true});
+  for (int p = 0; p < 2; ++p) {
+    CHECK(stepped[p] == stepped[2]);
+    CHECK(torch::equal(params[p][0], params[2][0]));
+    CHECK(torch::equal(params[p][1], params[2][1]));
+  }
+}
+
 // ---- step 6: the kernels on a GPU ------------------------------------------------------------------------
 
 TEST_CASE("[step6] launch_shape: a thread per pack, blocks rounded up, at most 4 blocks per multiprocessor") {
@@ -734,6 +945,227 @@ TEST_CASE("[step6] launch_shape refuses a negative size, an odd vector width and
   CHECK_THROWS_WITH_AS(launch_shape(16, 0, 8), Contains("vector_width must be 1, 2, 4 or 8"), c10::Error);
   CHECK_THROWS_WITH_AS(launch_shape(16, 4, 0), Contains("launch_shape: multiprocessors must be >= 1, got 0"),
                        c10::Error);
+}
+
+// ---- step 6 on any machine: the same CUDA kernels on a simulated grid on the CPU (grid.h) ---------------
+
+namespace {
+
+// A simulated grid of `multiprocessors` multiprocessors (so at most 4 x 256 x that many threads: every size below
+// that grid's reach makes the grid-stride loops go round), its blocks shuffled by `seed`.
+fusion::cuda::Target cpu_grid(int multiprocessors, uint64_t seed) {
+  fusion::cuda::Target target;
+  target.simulated_multiprocessors = multiprocessors;
+  target.seed = seed;
+  return target;
+}
+
+fusion::cuda::Dtype kernel_dtype(torch::ScalarType dtype) {
+  if (dtype == torch::kBFloat16) return fusion::cuda::Dtype::BFloat16;
+  if (dtype == torch::kHalf) return fusion::cuda::Dtype::Float16;
+  REQUIRE(dtype_name(dtype) == "Float");
+  return fusion::cuda::Dtype::Float32;
+}
+
+// One AdamW step of fused_adamw_cuda.cu's kernel on the CPU grid, for CPU tensors (raw pointers).
+void grid_adamw(State& s, const torch::Tensor& grad, const fusion::AdamWHyper& hyper,
+                const fusion::cuda::Target& target) {
+  ++s.step;
+  const char* error =
+      fusion::cuda::launch_adamw(kernel_dtype(s.param.scalar_type()), s.param.data_ptr(), grad.data_ptr(),
+                                 s.exp_avg.data_ptr<float>(), s.exp_avg_sq.data_ptr<float>(), s.param.numel(), hyper,
+                                 s.step, target);
+  INFO("launch_adamw: " << (error == nullptr ? "ok" : error));
+  REQUIRE(error == nullptr);
+}
+
+// The unscale kernel on the CPU grid for each gradient, one launch each (as given_cuda.cc launches them).
+void grid_unscale(std::vector<torch::Tensor>& grads, torch::Tensor& found_inf, float inv,
+                  const fusion::cuda::Target& target) {
+  const torch::Tensor inv_scale = torch::full({1}, inv);
+  for (torch::Tensor& g : grads) {
+    const char* error = fusion::cuda::launch_unscale(kernel_dtype(g.scalar_type()), g.data_ptr(), g.numel(),
+                                                     found_inf.data_ptr<float>(), inv_scale.data_ptr<float>(), target);
+    INFO("launch_unscale: " << (error == nullptr ? "ok" : error));
+    REQUIRE(error == nullptr);
+  }
+}
+
+// How far one grid step of `s` lands from the float32 step of given.cc on the same state and gradient, per element:
+// the state within a relative 1e-6 (a GPU rounds with fused multiply-adds, the ATen ops on a CPU without), the
+// parameter within one unit in its last place (its float32 results may straddle a rounding boundary of a 16-bit
+// type), and a 16-bit parameter exactly the rounded float32 result in at least 99 % of the elements (a kernel that
+// truncates differs in about half). Every element is compared, so one that is updated twice or not at all shows.
+void check_grid_step(State& s, const torch::Tensor& grad, const fusion::AdamWHyper& hyper,
+                     const fusion::cuda::Target& target) {
+  const torch::ScalarType dtype = s.param.scalar_type();
+  State master = make_state(s.param.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true));
+  master.exp_avg = s.exp_avg.clone();
+  master.exp_avg_sq = s.exp_avg_sq.clone();
+  master.step = s.step;
+  fusion::unfused_adamw_step(master.param, grad.to(torch::kFloat), master.exp_avg, master.exp_avg_sq, hyper,
+                             ++master.step);
+  grid_adamw(s, grad, hyper, target);
+  const double ulp = dtype == torch::kFloat      ? std::ldexp(1.0, -22)
+                     : dtype == torch::kBFloat16 ? std::ldexp(1.0, -7)
+                                                 : std::ldexp(1.0, -10);
+  // Relative to each element, with a floor of 1e-6 of the largest (where a sum nearly cancels, one rounding more
+  // or less is large against the result).
+  const auto within = [](const torch::Tensor& got, const torch::Tensor& want, double relative) {
+    const double floor = 1e-6 * want.abs().max().item<double>();
+    return ((got.to(torch::kFloat) - want).abs() <= want.abs() * relative + floor).all().item<bool>();
+  };
+  CHECK(within(s.exp_avg, master.exp_avg, 1e-6));
+  CHECK(within(s.exp_avg_sq, master.exp_avg_sq, 1e-6));
+  CHECK(within(s.param, master.param, ulp));
+  if (dtype != torch::kFloat) {  // (in float32, a multiply-add differs in the last bit of about 2 % of the elements)
+    const double exact = s.param.eq(master.param.to(dtype)).to(torch::kDouble).mean().item<double>();
+    CAPTURE(exact);
+    CHECK(exact >= 0.99);
+  }
+}
+
+// A tensor of `n` elements of `dtype` that starts `offset` elements into a buffer with one guard element after it.
+torch::Tensor view_in_buffer(const torch::Tensor& values, int64_t offset, torch::Tensor& buffer) {
+  const int64_t n = values.numel();
+  buffer = torch::full({offset + n + 1}, 0.5, values.options());
+  torch::Tensor view = buffer.narrow(0, offset, n);
+  view.copy_(values);
+  return view;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "[step6] CPU grid: the CUDA kernel follows torch::optim::AdamW for 100 steps, grid-stride loops going round") {
+  const int64_t n = 10007;  // packs of 4 and a tail of 3; 2.4 times the reach of a one-multiprocessor grid
+  REQUIRE(fusion::cuda::launch_shape(n, 4, 1).blocks * 256 * 4 < n);
+  for (double weight_decay : {0.0, 0.1}) {
+    CAPTURE(weight_decay);
+    const fusion::AdamWHyper hyper = hyper_with(1e-2, weight_decay);
+    torch::manual_seed(3);
+    const torch::Tensor start = torch::randn({n});
+    torch::Tensor reference = start.clone().requires_grad_(true);
+    torch::optim::AdamW optimizer({reference}, fusion::adamw_options(hyper));
+    State grid = make_state(start.clone());
+    double worst = 0;
+    uint64_t seed = 1;
+    for (const torch::Tensor& grad : gradients(n, 100, 1.0)) {
+      reference.mutable_grad() = grad.clone();
+      optimizer.step();
+      grid_adamw(grid, grad, hyper, cpu_grid(1, seed++));
+      worst = std::max(worst, rel_error({grid.param}, {reference.detach()}));
+    }
+    CAPTURE(worst);
+    CHECK(worst <= kFloatTolerance);
+  }
+}
+
+TEST_CASE("[step6] CPU grid: every size, tail and alignment, in every dtype, is the float32 step rounded once") {
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  std::vector<int64_t> sizes;
+  for (int64_t r = 0; r < 8; ++r) sizes.insert(sizes.end(), {r + 1, 8 + r, 3 * 4096 + r, (1 << 16) + r});
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int64_t n : sizes) {
+      for (int64_t offset : {0, 1}) {  // 0: every pointer aligned to a pack; 1: a view that starts mid-pack
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(n);
+        CAPTURE(offset);
+        torch::manual_seed(n);
+        torch::Tensor param_buffer, m_buffer, v_buffer, grad_buffer;
+        State s;
+        s.param = view_in_buffer(torch::randn({n}).to(dtype), offset, param_buffer);
+        s.exp_avg = view_in_buffer(torch::zeros({n}), offset, m_buffer);
+        s.exp_avg_sq = view_in_buffer(torch::zeros({n}), offset, v_buffer);
+        const int multiprocessors = n % 2 == 0 ? 1 : 3;
+        for (const torch::Tensor& grad32 : gradients(n, 2, 1.0)) {
+          const torch::Tensor grad = view_in_buffer(grad32.to(dtype), offset, grad_buffer);
+          check_grid_step(s, grad, hyper, cpu_grid(multiprocessors, static_cast<uint64_t>(n + s.step)));
+        }
+        // Nothing written outside the tensors: the element before a view, the guard after each.
+        for (const torch::Tensor& buffer : {param_buffer, m_buffer, v_buffer}) {
+          if (offset == 1) CHECK(buffer[0].item<float>() == 0.5f);
+          CHECK(buffer[offset + n].item<float>() == 0.5f);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("[step6] CPU grid: parameters of every size and dtype in one list, as the CUDA multi-tensor operator runs") {
+  Lists lists = make_lists(31);
+  std::vector<State> states;
+  for (size_t i = 0; i < lists.params.size(); ++i) {
+    State s;
+    s.param = lists.params[i];
+    s.exp_avg = lists.exp_avgs[i];
+    s.exp_avg_sq = lists.exp_avg_sqs[i];
+    states.push_back(s);
+  }
+  for (int step = 1; step <= 3; ++step) {
+    for (size_t i = 0; i < states.size(); ++i) {
+      CAPTURE(i);
+      if (states[i].param.numel() == 0) {
+        grid_adamw(states[i], lists.grads[i], hyper_with(1e-2, 0.1), cpu_grid(2, i));  // an empty tensor: no-op
+        continue;
+      }
+      check_grid_step(states[i], lists.grads[i], hyper_with(1e-2, 0.1), cpu_grid(2, i + 10 * step));
+    }
+  }
+}
+
+TEST_CASE("[step6] CPU grid unscale: each value multiplied and rounded once, found_inf from the values as read") {
+  std::vector<torch::Tensor> before = scaled_grads(41);
+  for (int64_t r = 1; r < 8; ++r) before.push_back((torch::randn({4096 * 3 + r}) * 1024).to(torch::kHalf));
+  before.push_back(torch::full({9}, 1e38f));                      // float32 x 16 overflows: the value read was finite
+  before.push_back(torch::full({13}, 60000.0).to(torch::kHalf));  // float16 x 4 overflows to inf
+  for (float inv : {1.0f / 1024, 0.1f, 1.0f, 16.0f}) {
+    for (int multiprocessors : {1, 3}) {
+      CAPTURE(inv);
+      CAPTURE(multiprocessors);
+      std::vector<torch::Tensor> grads = clones(before);
+      torch::Tensor found_inf = torch::zeros({1});
+      grid_unscale(grads, found_inf, inv, cpu_grid(multiprocessors, 5));
+      CHECK(found_inf.item<float>() == 0.0f);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        CAPTURE(i);
+        CHECK(torch::equal(grads[i], (before[i].to(torch::kFloat) * inv).to(before[i].scalar_type())));
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "[step6] CPU grid unscale: an inf or a NaN anywhere sets found_inf, at any scale, and every value is still unscaled") {
+  std::vector<torch::Tensor> before = scaled_grads(42);
+  before.push_back((torch::randn({4096 * 3 + 5}) * 1024).to(torch::kHalf));
+  // (gradient, element): the first of all, the end of the float32 tensor past a grid's reach, a 16-bit tail, the
+  // last element of the list, a one-element gradient.
+  const std::vector<std::pair<size_t, int64_t>> places = {{0, 0}, {3, 100002}, {4, 32}, {7, 4096 * 3 + 4}, {6, 0}};
+  for (const auto& [t, k] : places) {
+    for (float bad : {INFINITY, NAN}) {
+      for (float inv : {0.5f, 1.0f}) {   // at a scale of 1 nothing is multiplied, but the check still runs
+        for (int64_t offset : {0, 1}) {  // 1: the gradients start mid-pack: the one-element path
+          CAPTURE(t);
+          CAPTURE(k);
+          CAPTURE(bad);
+          CAPTURE(inv);
+          CAPTURE(offset);
+          std::vector<torch::Tensor> buffers(before.size()), grads;
+          for (size_t i = 0; i < before.size(); ++i) grads.push_back(view_in_buffer(before[i], offset, buffers[i]));
+          grads[t][k] = bad;
+          const std::vector<torch::Tensor> expected = clones(grads);
+          torch::Tensor found_inf = torch::zeros({1});
+          grid_unscale(grads, found_inf, inv, cpu_grid(1, 9));
+          CHECK(found_inf.item<float>() == 1.0f);
+          for (size_t i = 0; i < grads.size(); ++i) {  // every element, those after the bad one included
+            const torch::Tensor want = (expected[i].to(torch::kFloat) * inv).to(expected[i].scalar_type());
+            CHECK(torch::equal(grads[i].nan_to_num(0, 1, -1), want.nan_to_num(0, 1, -1)));
+          }
+        }
+      }
+    }
+  }
 }
 
 namespace {
@@ -875,6 +1307,22 @@ GPU_TEST_CASE("[step6] CUDA: step 3's checks guard the CUDA kernel too") {
   CHECK_THROWS_WITH_AS(fusion::fused_adamw_(s.param, g, s.exp_avg, s.exp_avg, h, 1),
                        Contains("exp_avg and exp_avg_sq overlap in memory"), c10::Error);
   CHECK(s.exp_avg.abs().sum().item<float>() == 0.0f);  // nothing written
+}
+
+GPU_TEST_CASE("[step6] CUDA: tuples on the CPU and on the GPU in one call are refused before anything is written") {
+  require_cuda_kernels();
+  std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  for (const torch::Device& device : {kCuda, torch::Device(torch::kCPU)}) {
+    params.push_back(torch::randn({1000}, device));
+    grads.push_back(torch::randn({1000}, device));
+    exp_avgs.push_back(torch::zeros({1000}, device));
+    exp_avg_sqs.push_back(torch::zeros({1000}, device));
+  }
+  const std::vector<torch::Tensor> before = {params[0].clone(), params[1].clone()};
+  CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(params, grads, exp_avgs, exp_avg_sqs, fusion::AdamWHyper{}, 1),
+                       Contains("all tensors must be on one device"), c10::Error);
+  CHECK(torch::equal(params[0].cpu(), before[0].cpu()));
+  CHECK(torch::equal(params[1], before[1]));
 }
 
 GPU_TEST_CASE("[step6] CUDA unscale: the CPU operator's values and flag, and an inf anywhere is found") {

@@ -24,14 +24,19 @@ cuda::Dtype cuda_dtype(const at::Tensor& t) {
   }
 }
 
-void* stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+// The GPU of `t`, on its current CUDA stream.
+cuda::Target target_of(const at::Tensor& t) {
+  cuda::Target target;
+  target.stream = c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+  return target;
+}
 
 void adamw_one(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                const AdamWHyper& hyper, int64_t step) {
   if (param.numel() == 0) return;
   const char* error =
       cuda::launch_adamw(cuda_dtype(param), param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr<float>(),
-                         exp_avg_sq.data_ptr<float>(), param.numel(), hyper, step, stream_of(param));
+                         exp_avg_sq.data_ptr<float>(), param.numel(), hyper, step, target_of(param));
   TORCH_CHECK(error == nullptr, "fused_adamw_ (CUDA): ", error);
 }
 
@@ -62,7 +67,7 @@ void fused_unscale_cuda(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, 
   for (const at::Tensor& g : grads) {
     if (g.numel() == 0) continue;
     const char* error = cuda::launch_unscale(cuda_dtype(g), g.data_ptr(), g.numel(), found_inf.data_ptr<float>(),
-                                             inv_scale.data_ptr<float>(), stream_of(g));
+                                             inv_scale.data_ptr<float>(), target_of(g));
     TORCH_CHECK(error == nullptr, "fused_unscale_ (CUDA): ", error);
   }
 }

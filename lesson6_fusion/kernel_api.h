@@ -1,6 +1,6 @@
 // Lesson 6 — what the C++ files and the CUDA file (fused_adamw_cuda.cu) share. No LibTorch and no CUDA header
-// in here: nvcc compiles the .cu file with this header alone, so the CUDA file builds in seconds and does not
-// depend on which LibTorch is installed. fused_adamw.h includes it.
+// in here: nvcc compiles the .cu file with this header and grid.h alone, so the CUDA file builds in seconds and
+// does not depend on which LibTorch is installed. fused_adamw.h includes it.
 #pragma once
 
 #include <cstdint>
@@ -31,30 +31,41 @@ constexpr int kBlocksPerMultiprocessor = 4;  ///< the grid stops growing at this
 
 /// Step 6. The launch shape for `numel` elements read `vector_width` at a time on a GPU with `multiprocessors`
 /// streaming multiprocessors: kThreadsPerBlock threads per block, and enough blocks for one pack per thread
-/// (the last pack may be partial), but at most kBlocksPerMultiprocessor blocks per multiprocessor: past that the
-/// GPU is full, and each thread loops over more packs instead (the grid-stride loop). numel 0: zero blocks.
+/// (the last pack may be partial), but at most kBlocksPerMultiprocessor blocks per multiprocessor (1024 threads:
+/// half of what an H100 or H200 multiprocessor holds); past that each thread loops over more packs instead (the
+/// grid-stride loop). numel 0: zero blocks.
 /// Throws c10::Error (it is C++ code, fused_adamw.cc), each message ending with the value it got:
 ///   "launch_shape: numel must be >= 0, got -1"
 ///   "launch_shape: vector_width must be 1, 2, 4 or 8, got 3"
 ///   "launch_shape: multiprocessors must be >= 1, got 0"
 LaunchShape launch_shape(int64_t numel, int vector_width, int multiprocessors);
 
+/// Where a launch function runs its kernel: on the GPU, on the CUDA stream `stream` (a cudaStream_t); or, when
+/// `simulated_multiprocessors` > 0, on the CPU: every thread of the same kernel body, one after the other, on a
+/// simulated grid of that many multiprocessors, its blocks in an order shuffled by `seed` (grid.h). The checks of
+/// step 6 use the simulated grid on every machine, with raw pointers to CPU memory.
+struct Target {
+  void* stream = nullptr;
+  int simulated_multiprocessors = 0;
+  uint64_t seed = 0;
+};
+
 /// The element types the CUDA kernels take (the parameter's and the gradient's; the state is float32).
 enum class Dtype { Float32, BFloat16, Float16 };
 
-/// Step 6. One AdamW step on the GPU, as adamw_kernel_cpu computes it: param and grad of `dtype` (raw device
-/// pointers), exp_avg and exp_avg_sq float32, `numel` elements each, on the CUDA stream `stream` (a
-/// cudaStream_t), asynchronously. Packs of 16 bytes (four float32 or, for 16-bit types, four elements of 8
-/// bytes) where every pointer allows it, one element at a time where one does not. Returns nullptr once the
-/// kernel is queued, or the text of the CUDA error. The caller (given_cuda.cc) has checked the tensors.
+/// Step 6. One AdamW step on `target`, as adamw_kernel_cpu computes it: param and grad of `dtype` (raw pointers
+/// to the target's memory), exp_avg and exp_avg_sq float32, `numel` elements each; on a GPU asynchronously. Packs
+/// of four elements (16 bytes of float32, 8 bytes of a 16-bit type) where every pointer is aligned to its pack,
+/// one element at a time where one is not. Returns nullptr once the kernel is queued (GPU) or has run (simulated
+/// grid), or the text of the error. The caller has checked the tensors (given_cuda.cc: step 3's checks).
 const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_avg, float* exp_avg_sq, int64_t numel,
-                         const AdamWHyper& hyper, int64_t step, void* stream);
+                         const AdamWHyper& hyper, int64_t step, const Target& target);
 
-/// Step 6. The fused unscale of step 5 on the GPU for one gradient: multiplies its `numel` elements by
-/// *inv_scale (a device pointer; 1 leaves them as they are) and sets *found_inf = 1 if any was inf or NaN.
-/// Asynchronous on `stream`; returns nullptr or the CUDA error's text.
+/// Step 6. The fused unscale of step 5 on `target` for one gradient: multiplies its `numel` elements by
+/// *inv_scale (a pointer to the target's memory; 1 leaves them as they are) and sets *found_inf = 1 if any was
+/// inf or NaN before the multiply; otherwise *found_inf keeps its value. Returns nullptr or the error's text.
 const char* launch_unscale(Dtype dtype, void* grad, int64_t numel, float* found_inf, const float* inv_scale,
-                           void* stream);
+                           const Target& target);
 
 }  // namespace cuda
 }  // namespace fusion

@@ -8,9 +8,18 @@ decides that pays. Measured with gcc 12 on the reference solution (objdump of th
                                      multi-tensor kernel (step 4) called the same loop, gcc's cost model went back
                                      to one lane at a time (sqrtss/divss) and the step took 3.5x longer
   + -fvect-cost-model=unlimited:     sqrtps/divps again, whatever else the file holds
+  -fopenmp:                          at::parallel_for is a template in ATen's headers; LibTorch's OpenMP build
+                                     runs it on several threads only where the file that instantiates it is
+                                     compiled with OpenMP (_OPENMP defined). Without the flag every piece ran on
+                                     the calling thread (found 2026-12-05: no OpenMP region was ever entered).
 These are gcc flags (the toolchain of Debian 12 and 13).
 
 fusion_library() builds one implementation of the lesson (the learner's or the reference) the same way.
+
+GRID_COPTS: the host compiler's flags for the CUDA file where there is no nvcc (a copy named .cc, read through
+grid.h's shim): `-ffp-contract=off` keeps each operation one rounding, as the GPU kernels pin them with __fmul_rn
+and friends (gcc may otherwise fuse a * b + c into one multiply-add where the ISA has one), and `#pragma unroll`
+means nothing to gcc.
 """
 
 load("//tools:cuda.bzl", "CUDA_KERNELS", "CUDA_LINKOPTS", "cuda_object")
@@ -20,28 +29,54 @@ KERNEL_COPTS = [
     "-O3",
     "-fno-math-errno",
     "-fvect-cost-model=unlimited",
+    "-fopenmp",
+]
+
+GRID_COPTS = [
+    "-O2",
+    "-ffp-contract=off",
+    "-Wno-unknown-pragmas",
 ]
 
 def fusion_library(name, cc, cu):
-    """The library `name`: the C++ file `cc` (steps 1-6) and, where LibTorch has CUDA and nvcc was found, the
-    CUDA file `cu` compiled by nvcc with the given code that registers its kernels (step 6).
+    """The library `name`: the C++ file `cc` (steps 1-6) and the CUDA file `cu` (step 6). Where LibTorch has CUDA
+    and nvcc was found, nvcc compiles `cu` (its kernels then run on the GPU and on the CPU grid) and the given code
+    that registers them joins the library; elsewhere the host compiler compiles a copy of `cu` named .cc, through
+    grid.h's shim (its kernels run on the CPU grid only).
 
     alwayslink: the operators' registrations (TORCH_LIBRARY) are static objects that nothing refers to by name;
     without it the linker may drop the object file and the dispatcher never sees the operators.
     """
     srcs = [cc]
+    kernel_headers = ["//lesson6_fusion:grid.h", "//lesson6_fusion:kernel_api.h"]
     if CUDA_KERNELS:
-        cuda_object(name = name + "_cuda", src = cu, hdrs = ["//lesson6_fusion:kernel_api.h"])
+        cuda_object(name = name + "_cuda", src = cu, hdrs = kernel_headers)
         srcs += [":" + name + "_cuda", "//lesson6_fusion:given_cuda.cc"]
+    else:
+        native.genrule(
+            name = name + "_grid_src",
+            srcs = [cu],
+            outs = [name + "_grid.cc"],
+            cmd = "cp $< $@",
+        )
+        native.cc_library(
+            name = name + "_grid",
+            srcs = [":" + name + "_grid_src"],
+            copts = LEARNER_COPTS + GRID_COPTS,
+            deps = [
+                "//lesson6_fusion:headers",
+                "@libtorch",
+            ],
+        )
     native.cc_library(
         name = name,
         srcs = srcs,
         copts = LEARNER_COPTS + KERNEL_COPTS,
-        linkopts = CUDA_LINKOPTS,
+        linkopts = CUDA_LINKOPTS + ["-fopenmp"],  # libgomp, the OpenMP runtime LibTorch itself uses
         alwayslink = True,
         deps = [
             "//lesson6_fusion:given",
             "//lesson6_fusion:headers",
             "@libtorch",
-        ],
+        ] + ([] if CUDA_KERNELS else [":" + name + "_grid"]),
     )

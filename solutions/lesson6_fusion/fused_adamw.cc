@@ -348,7 +348,7 @@ void check_disjoint(const char* op, c10::ArrayRef<c10::ArrayRef<at::Tensor>> lis
   struct Range {
     const char* begin;
     const char* end;
-    std::string name;
+    size_t list, index;  // lists[list][index]: named only in an error, so a call that passes formats no string
   };
   std::vector<Range> ranges;
   for (size_t l = 0; l < lists.size(); ++l) {
@@ -356,13 +356,15 @@ void check_disjoint(const char* op, c10::ArrayRef<c10::ArrayRef<at::Tensor>> lis
       const at::Tensor& t = lists[l][i];
       if (t.numel() == 0) continue;
       const char* start = static_cast<const char*>(t.data_ptr());
-      ranges.push_back({start, start + t.nbytes(), std::string(names[l]) + "[" + std::to_string(i) + "]"});
+      ranges.push_back({start, start + t.nbytes(), l, i});
     }
   }
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
   for (size_t k = 1; k < ranges.size(); ++k) {
-    TORCH_CHECK(ranges[k].begin >= ranges[k - 1].end, op, ": ", ranges[k].name, " and ", ranges[k - 1].name,
-                " overlap in memory");
+    const Range& a = ranges[k];
+    const Range& b = ranges[k - 1];
+    TORCH_CHECK(ranges[k].begin >= ranges[k - 1].end, op, ": ", names[a.list], "[", a.index, "] and ", names[b.list],
+                "[", b.index, "] overlap in memory");
   }
 }
 
@@ -380,6 +382,12 @@ void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::
     } catch (const c10::Error& error) {
       TORCH_CHECK(false, "fused_adamw_multi_: tensor ", i, ": ", error.what_without_backtrace());
     }
+  }
+  // Each tuple is on one device (check_adamw_args); all of them on the first one's, before anything is written:
+  // a kernel for one device cannot read another's memory.
+  for (size_t i = 1; i < params.size(); ++i) {
+    TORCH_CHECK(params[i].device() == params[0].device(), "fused_adamw_multi_: all tensors must be on one device, ",
+                "tensor ", i, " is on ", params[i].device(), ", tensor 0 on ", params[0].device());
   }
   // Within a tuple check_adamw_args looked; across tuples: no two of all the tensors may share bytes.
   const c10::ArrayRef<at::Tensor> lists[] = {params, grads, exp_avgs, exp_avg_sqs};

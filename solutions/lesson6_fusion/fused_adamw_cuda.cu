@@ -1,12 +1,11 @@
-// Reference solution of lesson 6, step 6 (lesson6_fusion/kernel_api.h): the AdamW step and the unscale on a GPU.
-// Compiled by nvcc with kernel_api.h alone (no LibTorch headers); lesson6_fusion/given_cuda.cc calls it.
+// Reference solution of lesson 6, step 6 (lesson6_fusion/kernel_api.h): the AdamW step and the unscale on a GPU,
+// and the same kernel bodies on a simulated grid on the CPU (lesson6_fusion/grid.h). Compiled by nvcc with
+// kernel_api.h and grid.h alone (no LibTorch headers) where there is one, by the host compiler elsewhere.
 #include "lesson6_fusion/kernel_api.h"
 
 #include <cmath>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include "lesson6_fusion/grid.h"  // the CUDA headers under nvcc, a shim without; launch(), packs, Thread
 
 namespace fusion {
 namespace cuda {
@@ -41,117 +40,99 @@ Coefficients coefficients(const AdamWHyper& h, int64_t step) {
   return c;
 }
 
-__device__ float to_float(float x) { return x; }
-__device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ float to_float(__half x) { return __half2float(x); }
+__host__ __device__ inline float to_float(float x) { return x; }
+__host__ __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__host__ __device__ inline float to_float(__half x) { return __half2float(x); }
 
 template <typename T>
-__device__ T from_float(float x);
+__host__ __device__ T from_float(float x);
 template <>
-__device__ float from_float<float>(float x) {
+__host__ __device__ inline float from_float<float>(float x) {
   return x;
 }
 template <>
-__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+__host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);  // round to nearest even, as c10::BFloat16(float)
 }
 template <>
-__device__ __half from_float<__half>(float x) {
+__host__ __device__ inline __half from_float<__half>(float x) {
   return __float2half_rn(x);
 }
 
-// kWidth neighbouring elements that one instruction loads or stores: alignas makes the compiler emit one
-// 8- or 16-byte access (ld.global.v4.f32 for four float32) instead of kWidth small ones.
-template <typename T, int kWidth>
-struct alignas(sizeof(T) * kWidth) Pack {
-  T x[kWidth];
-};
-
 // One element, in torch::optim::AdamW's order (step 2's loop body, one lane), rounded as ATen's CUDA kernels
 // round when torch::optim::AdamW runs on a GPU: add_(g, alpha), addcmul_ and addcdiv_ end in one fused
-// multiply-add (fmaf: a*b + c rounded once), and `tensor / scalar` multiplies by the scalar's reciprocal. The
-// _rn intrinsics are single roundings that nvcc may not fuse into anything else, so the order is pinned.
+// multiply-add (fmaf: a*b + c rounded once), and `tensor / scalar` multiplies by the scalar's reciprocal. mul_rn,
+// add_rn and div_rn (grid.h) are single roundings that the compiler may not fuse into anything else, so the order
+// is pinned, on a GPU and on the CPU grid alike.
 template <typename T>
-__device__ void update(T& p, T g, float& m, float& v, const Coefficients& c) {
+__host__ __device__ void update(T& p, T g, float& m, float& v, const Coefficients& c) {
   float param = to_float(p);
   const float grad = to_float(g);
   // p.mul_(decay)
-  if (c.apply_decay) param = __fmul_rn(param, c.decay);
+  if (c.apply_decay) param = mul_rn(param, c.decay);
   // m.mul_(beta1).add_(g, 1 - beta1) and v.mul_(beta2).addcmul_(g, g, 1 - beta2)
-  m = fmaf(c.one_minus_beta1, grad, __fmul_rn(m, c.beta1));
-  v = fmaf(c.one_minus_beta2, __fmul_rn(grad, grad), __fmul_rn(v, c.beta2));
+  m = fmaf(c.one_minus_beta1, grad, mul_rn(m, c.beta1));
+  v = fmaf(c.one_minus_beta2, mul_rn(grad, grad), mul_rn(v, c.beta2));
   // (v.sqrt() / sqrt(bias_correction2)).add_(eps), then p.addcdiv_(m, denom, -step_size)
-  const float denom = __fadd_rn(__fmul_rn(sqrtf(v), c.inv_sqrt_bias_correction2), c.eps);
-  param = fmaf(c.neg_step_size, __fdiv_rn(m, denom), param);
+  const float denom = add_rn(mul_rn(sqrtf(v), c.inv_sqrt_bias_correction2), c.eps);
+  param = fmaf(c.neg_step_size, div_rn(m, denom), param);
   p = from_float<T>(param);
 }
 
-// Grid-stride: thread t handles packs t, t + stride, ... so any grid covers every pack; the elements after the
-// last whole pack (fewer than kWidth) go to the grid's first threads, one each.
+// The body of one thread (grid.h runs it on a GPU or on the CPU grid). Grid-stride: thread t handles packs t,
+// t + stride, ... so any grid covers every pack; the elements after the last whole pack (fewer than kWidth) go to
+// the grid's first threads, one each.
 template <typename T, int kWidth>
-__global__ void adamw_kernel(T* p, const T* g, float* m, float* v, int64_t numel, Coefficients c) {
-  const int64_t packs = numel / kWidth;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = first; i < packs; i += stride) {
-    Pack<T, kWidth> pp = reinterpret_cast<Pack<T, kWidth>*>(p)[i];
-    const Pack<T, kWidth> gp = reinterpret_cast<const Pack<T, kWidth>*>(g)[i];
-    Pack<float, kWidth> mp = reinterpret_cast<Pack<float, kWidth>*>(m)[i];
-    Pack<float, kWidth> vp = reinterpret_cast<Pack<float, kWidth>*>(v)[i];
+struct AdamWKernel {
+  __host__ __device__ void operator()(Thread thread, T* p, const T* g, float* m, float* v, int64_t numel,
+                                      Coefficients c) const {
+    const int64_t packs = numel / kWidth;
+    for (int64_t i = thread.index(); i < packs; i += thread.stride()) {
+      Pack<T, kWidth> pp = load_pack<kWidth>(p, i);
+      const Pack<T, kWidth> gp = load_pack<kWidth>(g, i);
+      Pack<float, kWidth> mp = load_pack<kWidth>(m, i);
+      Pack<float, kWidth> vp = load_pack<kWidth>(v, i);
 #pragma unroll
-    for (int k = 0; k < kWidth; ++k) update(pp.x[k], gp.x[k], mp.x[k], vp.x[k], c);
-    reinterpret_cast<Pack<T, kWidth>*>(p)[i] = pp;
-    reinterpret_cast<Pack<float, kWidth>*>(m)[i] = mp;
-    reinterpret_cast<Pack<float, kWidth>*>(v)[i] = vp;
+      for (int k = 0; k < kWidth; ++k) update(pp.x[k], gp.x[k], mp.x[k], vp.x[k], c);
+      store_pack<kWidth>(p, i, pp);
+      store_pack<kWidth>(m, i, mp);
+      store_pack<kWidth>(v, i, vp);
+    }
+    const int64_t tail = packs * kWidth + thread.index();
+    if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c);
   }
-  const int64_t tail = packs * kWidth + first;
-  if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c);
-}
+};
 
 bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-int multiprocessors() {
-  int device = 0, count = 1;
-  if (cudaGetDevice(&device) != cudaSuccess) return 1;
-  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
-  return count;
-}
-
-// Queues adamw_kernel with packs of 4 where all four pointers are aligned to a pack, one element at a time where
+// Launches AdamWKernel with packs of 4 where all four pointers are aligned to a pack, one element at a time where
 // one is not (a view that starts mid-pack).
 template <typename T>
 const char* launch_adamw_as(T* p, const T* g, float* m, float* v, int64_t numel, const Coefficients& c,
-                            cudaStream_t stream) {
+                            const Target& target) {
   constexpr int kWidth = 4;
   const bool packed = aligned(p, sizeof(T) * kWidth) && aligned(g, sizeof(T) * kWidth) &&
                       aligned(m, sizeof(float) * kWidth) && aligned(v, sizeof(float) * kWidth);
-  const LaunchShape shape = launch_shape(numel, packed ? kWidth : 1, multiprocessors());
-  if (shape.blocks == 0) return nullptr;
-  if (packed) {
-    adamw_kernel<T, kWidth><<<static_cast<unsigned>(shape.blocks), shape.threads, 0, stream>>>(p, g, m, v, numel, c);
-  } else {
-    adamw_kernel<T, 1><<<static_cast<unsigned>(shape.blocks), shape.threads, 0, stream>>>(p, g, m, v, numel, c);
-  }
-  const cudaError_t error = cudaGetLastError();  // a launch failure (bad configuration, no kernel image)
-  return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
+  const LaunchShape shape = launch_shape(numel, packed ? kWidth : 1, multiprocessors(target));
+  if (packed) return launch<AdamWKernel<T, kWidth>>(shape, target, p, g, m, v, numel, c);
+  return launch<AdamWKernel<T, 1>>(shape, target, p, g, m, v, numel, c);
 }
 
 }  // namespace
 
 const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_avg, float* exp_avg_sq, int64_t numel,
-                         const AdamWHyper& hyper, int64_t step, void* stream) {
+                         const AdamWHyper& hyper, int64_t step, const Target& target) {
   const Coefficients c = coefficients(hyper, step);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case Dtype::Float32:
       return launch_adamw_as(static_cast<float*>(param), static_cast<const float*>(grad), exp_avg, exp_avg_sq, numel, c,
-                             s);
+                             target);
     case Dtype::BFloat16:
       return launch_adamw_as(static_cast<__nv_bfloat16*>(param), static_cast<const __nv_bfloat16*>(grad), exp_avg,
-                             exp_avg_sq, numel, c, s);
+                             exp_avg_sq, numel, c, target);
     case Dtype::Float16:
       return launch_adamw_as(static_cast<__half*>(param), static_cast<const __half*>(grad), exp_avg, exp_avg_sq, numel,
-                             c, s);
+                             c, target);
   }
   return "launch_adamw: unknown dtype";
 }
@@ -160,63 +141,56 @@ const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_
 // [cuda_unscale]
 namespace {
 
-// Multiplies by *inv_scale unless it is 1 (as ATen's kernel does) and flags any inf or NaN read. Every thread
-// that finds one writes the same 1.0f to found_inf: no atomic is needed for a store that all agree on.
+// Notes whether each element, as read, is inf or NaN, then multiplies by *inv_scale unless it is 1 (as ATen's kernel
+// does). Every thread that finds one writes the same 1.0f to found_inf: no atomic is needed for a store that all
+// agree on.
 template <typename T, int kWidth>
-__global__ void unscale_kernel(T* g, int64_t numel, float* found_inf, const float* inv_scale) {
-  const float inv = *inv_scale;
-  const int64_t packs = numel / kWidth;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  bool non_finite = false;
-  for (int64_t i = first; i < packs; i += stride) {
-    Pack<T, kWidth> pack = reinterpret_cast<Pack<T, kWidth>*>(g)[i];
+struct UnscaleKernel {
+  __host__ __device__ void operator()(Thread thread, T* g, int64_t numel, float* found_inf,
+                                      const float* inv_scale) const {
+    const float inv = *inv_scale;
+    const int64_t packs = numel / kWidth;
+    bool non_finite = false;
+    for (int64_t i = thread.index(); i < packs; i += thread.stride()) {
+      Pack<T, kWidth> pack = load_pack<kWidth>(g, i);
 #pragma unroll
-    for (int k = 0; k < kWidth; ++k) {
-      const float x = to_float(pack.x[k]);
-      non_finite = non_finite || !isfinite(x);
-      pack.x[k] = from_float<T>(x * inv);
+      for (int k = 0; k < kWidth; ++k) {
+        const float x = to_float(pack.x[k]);
+        non_finite = non_finite || !isfinite(x);
+        pack.x[k] = from_float<T>(x * inv);
+      }
+      if (inv != 1.0f) store_pack<kWidth>(g, i, pack);
     }
-    if (inv != 1.0f) reinterpret_cast<Pack<T, kWidth>*>(g)[i] = pack;
+    const int64_t tail = packs * kWidth + thread.index();
+    if (tail < numel) {
+      const float x = to_float(g[tail]);
+      non_finite = non_finite || !isfinite(x);
+      if (inv != 1.0f) g[tail] = from_float<T>(x * inv);
+    }
+    if (non_finite) *found_inf = 1.0f;
   }
-  const int64_t tail = packs * kWidth + first;
-  if (tail < numel) {
-    const float x = to_float(g[tail]);
-    non_finite = non_finite || !isfinite(x);
-    if (inv != 1.0f) g[tail] = from_float<T>(x * inv);
-  }
-  if (non_finite) *found_inf = 1.0f;
-}
+};
 
 template <typename T>
-const char* launch_unscale_as(T* g, int64_t numel, float* found_inf, const float* inv_scale, cudaStream_t stream) {
+const char* launch_unscale_as(T* g, int64_t numel, float* found_inf, const float* inv_scale, const Target& target) {
   constexpr int kWidth = 4;
   const bool packed = aligned(g, sizeof(T) * kWidth);
-  const LaunchShape shape = launch_shape(numel, packed ? kWidth : 1, multiprocessors());
-  if (shape.blocks == 0) return nullptr;
-  if (packed) {
-    unscale_kernel<T, kWidth>
-        <<<static_cast<unsigned>(shape.blocks), shape.threads, 0, stream>>>(g, numel, found_inf, inv_scale);
-  } else {
-    unscale_kernel<T, 1>
-        <<<static_cast<unsigned>(shape.blocks), shape.threads, 0, stream>>>(g, numel, found_inf, inv_scale);
-  }
-  const cudaError_t error = cudaGetLastError();
-  return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
+  const LaunchShape shape = launch_shape(numel, packed ? kWidth : 1, multiprocessors(target));
+  if (packed) return launch<UnscaleKernel<T, kWidth>>(shape, target, g, numel, found_inf, inv_scale);
+  return launch<UnscaleKernel<T, 1>>(shape, target, g, numel, found_inf, inv_scale);
 }
 
 }  // namespace
 
 const char* launch_unscale(Dtype dtype, void* grad, int64_t numel, float* found_inf, const float* inv_scale,
-                           void* stream) {
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+                           const Target& target) {
   switch (dtype) {
     case Dtype::Float32:
-      return launch_unscale_as(static_cast<float*>(grad), numel, found_inf, inv_scale, s);
+      return launch_unscale_as(static_cast<float*>(grad), numel, found_inf, inv_scale, target);
     case Dtype::BFloat16:
-      return launch_unscale_as(static_cast<__nv_bfloat16*>(grad), numel, found_inf, inv_scale, s);
+      return launch_unscale_as(static_cast<__nv_bfloat16*>(grad), numel, found_inf, inv_scale, target);
     case Dtype::Float16:
-      return launch_unscale_as(static_cast<__half*>(grad), numel, found_inf, inv_scale, s);
+      return launch_unscale_as(static_cast<__half*>(grad), numel, found_inf, inv_scale, target);
   }
   return "launch_unscale: unknown dtype";
 }

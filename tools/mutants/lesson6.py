@@ -7,6 +7,8 @@ turns each tuple into a patch at run time and tools/mutants/run.sh applies them 
 
 L6 = "solutions/lesson6_fusion/fused_adamw.cc"
 
+L6_CUDA = "solutions/lesson6_fusion/fused_adamw_cuda.cu"
+
 MUTANTS = [
     # ---- step 1: napkin math ----------------------------------------------------------------------------
     ("l6_napkin_addcmul_reads_grad_once", L6,
@@ -119,6 +121,72 @@ MUTANTS = [
      'TORCH_CHECK(g.is_contiguous(), "fused_unscale_: grad ", i, " is not contiguous");',
      "",
      "a strided gradient is accepted and its memory walked as if contiguous"),
+    # ---- the checks of lesson6 issue 27, section 2: mistakes that used to pass --------------------------------
+    ("l6_nan_eps_accepted", L6,
+     "TORCH_CHECK(hyper.eps >= 0,",
+     "TORCH_CHECK(!(hyper.eps < 0),",
+     "a NaN eps is accepted (the rule written as 'not negative')"),
+    ("l6_nan_weight_decay_accepted", L6,
+     "TORCH_CHECK(hyper.weight_decay >= 0,",
+     "TORCH_CHECK(!(hyper.weight_decay < 0),",
+     "a NaN weight decay is accepted"),
+    ("l6_nan_beta1_accepted", L6,
+     "TORCH_CHECK(hyper.beta1 >= 0 && hyper.beta1 < 1,",
+     "TORCH_CHECK(!(hyper.beta1 < 0 || hyper.beta1 >= 1),",
+     "a NaN beta1 is accepted"),
+    ("l6_nan_beta2_accepted", L6,
+     "TORCH_CHECK(hyper.beta2 >= 0 && hyper.beta2 < 1,",
+     "TORCH_CHECK(!(hyper.beta2 < 0 || hyper.beta2 >= 1),",
+     "a NaN beta2 is accepted"),
+    ("l6_beta2_one_accepted", L6,
+     "TORCH_CHECK(hyper.beta2 >= 0 && hyper.beta2 < 1,",
+     "TORCH_CHECK(hyper.beta2 >= 0 && hyper.beta2 <= 1,",
+     "beta2 = 1 is accepted: 1 - beta2^t is 0 and the step divides by it"),
+    ("l6_negative_step_accepted", L6,
+     "TORCH_CHECK(step >= 1,",
+     "TORCH_CHECK(step != 0,",
+     "a negative step is accepted (only 0 refused)"),
+    ("l6_unscale_shared_scratch", L6,
+     "    case c10::ScalarType::BFloat16:\n      return unscale_range(grad.data_ptr<c10::BFloat16>(), lo, hi, inv_scale);",
+     "    case c10::ScalarType::BFloat16: {\n"
+     "      static std::vector<float> scratch(kChunk);  // one piece's buffer, shared by every thread\n"
+     "      c10::BFloat16* g = grad.data_ptr<c10::BFloat16>();\n"
+     "      for (int64_t i = lo; i < hi; ++i) scratch[i - lo] = static_cast<float>(g[i]);\n"
+     "      const bool found = unscale_range(scratch.data(), 0, hi - lo, inv_scale);\n"
+     "      for (int64_t i = lo; i < hi; ++i) g[i] = c10::BFloat16(scratch[i - lo]);\n"
+     "      return found;\n"
+     "    }",
+     "bfloat16 gradients are unscaled through one float32 scratch buffer that the threads of the region share"),
+    ("l6_multi_region_per_tensor", L6,
+     "  // One parallel region for the whole list.\n  for_each_chunk(offsets.back(), [&](int64_t begin, int64_t end) {",
+     "  for (size_t t = 0; t < params.size(); ++t) {\n"
+     "    for_each_chunk(params[t].numel(), [&](int64_t lo, int64_t hi) {\n"
+     "      update_part(params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], lo, hi, c, decay);\n"
+     "    });\n"
+     "  }\n"
+     "  if ((false)) for_each_chunk(offsets.back(), [&](int64_t begin, int64_t end) {",
+     "the multi-tensor kernel runs one parallel region per tensor (the right values, not one region)"),
+    ("l6_unscale_region_per_grad", L6,
+     "  for_each_chunk(offsets.back(), [&](int64_t begin, int64_t end) {\n    bool found = false;",
+     "  for (size_t t = 0; t < grads.size(); ++t) {\n"
+     "    for_each_chunk(grads[t].numel(), [&](int64_t lo, int64_t hi) {\n"
+     "      if (unscale_part(grads[t], lo, hi, inv)) piece_found[0] = 1;\n"
+     "    });\n"
+     "  }\n"
+     "  if ((false)) for_each_chunk(offsets.back(), [&](int64_t begin, int64_t end) {\n    bool found = false;",
+     "the unscale runs one parallel region per gradient"),
+    ("l6_unscale_check_skipped_at_scale_1", L6,
+     "    non_finite = non_finite + (x - x);\n",
+     "    if (inv_scale != 1.0f) non_finite = non_finite + (x - x);\n",
+     "at a scale of 1 nothing is multiplied, and the non-finite check is skipped with it"),
+    ("l6_unscale_checks_after_multiply", L6,
+     "    non_finite = non_finite + (x - x);\n    if (inv_scale != 1.0f) store(g + i, x * inv, n);",
+     "    const Vec y = x * inv;\n    non_finite = non_finite + (y - y);\n    if (inv_scale != 1.0f) store(g + i, y, n);",
+     "the non-finite check looks at the unscaled value: a finite gradient that overflows when multiplied is flagged"),
+    ("l6_multi_devices_unchecked", L6,
+     "    TORCH_CHECK(params[i].device() == params[0].device(),",
+     "    TORCH_CHECK(true || params[i].device() == params[0].device(),",
+     "tuples on different devices are accepted (the CUDA operator updates some, then fails)"),
     # ---- step 6: the launch shape (the CUDA kernels' own mutants need a GPU to be caught: not listed) ------
     ("l6_launch_blocks_rounded_down", L6,
      "const int64_t wanted = (packs + kThreadsPerBlock - 1) / kThreadsPerBlock;",
@@ -140,32 +208,54 @@ MUTANTS = [
      "  TORCH_CHECK(vector_width == 1 || vector_width == 2 || vector_width == 4 || vector_width == 8,",
      "  TORCH_CHECK(vector_width > 0,",
      "a vector width that is not a load size (3) is accepted"),
-]
-
-L6_CUDA = "solutions/lesson6_fusion/fused_adamw_cuda.cu"
-
-# Step 6's kernels: caught only where the GPU cases run (tools/mutants/mutants.py --gpu; on a CPU machine every
-# one of them would survive, the GPU cases being skipped).
-GPU_MUTANTS = [
+    # ---- step 6: the CUDA kernels, caught on the CPU grid (grid.h) on any machine -------------------------
     ("l6_gpu_tail_skipped", L6_CUDA,
-     "  if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c);\n",
+     "    if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c);\n",
      "",
      "the elements after the last whole pack are never updated"),
+    ("l6_gpu_tail_overlaps_last_pack", L6_CUDA,
+     "const int64_t tail = packs * kWidth + thread.index();\n    if (tail < numel) update(",
+     "const int64_t tail = (numel > kWidth ? numel - kWidth : 0) + thread.index();\n    if (tail < numel) update(",
+     "the tail is taken as the last kWidth elements: those of the last whole pack are updated twice"),
     ("l6_gpu_packs_unaligned", L6_CUDA,
      "  const bool packed = aligned(p, sizeof(T) * kWidth) && aligned(g, sizeof(T) * kWidth) &&\n"
      "                      aligned(m, sizeof(float) * kWidth) && aligned(v, sizeof(float) * kWidth);",
      "  const bool packed = true;",
-     "16-byte loads from a view that starts mid-pack (a misaligned address)"),
+     "packed loads from a view that starts mid-pack (a misaligned address)"),
+    ("l6_gpu_grid_stride_never_loops", L6_CUDA,
+     "for (int64_t i = thread.index(); i < packs; i += thread.stride()) {\n      Pack<T, kWidth> pp",
+     "if (int64_t i = thread.index(); i < packs) {\n      Pack<T, kWidth> pp",
+     "each thread updates one pack: a grid smaller than the tensor leaves the rest alone"),
+    ("l6_gpu_stride_is_block", L6_CUDA,
+     "for (int64_t i = thread.index(); i < packs; i += thread.stride()) {\n      Pack<T, kWidth> pp",
+     "for (int64_t i = thread.index(); i < packs; i += thread.threads) {\n      Pack<T, kWidth> pp",
+     "the grid-stride loop steps by the block (blockDim.x), not the grid: packs are updated several times"),
     ("l6_gpu_bf16_truncates", L6_CUDA,
      "return __float2bfloat16_rn(x);",
      "return __float2bfloat16_rz(x);",
      "bfloat16 parameters written back truncated (round toward zero) instead of rounded to nearest"),
     ("l6_gpu_no_weight_decay", L6_CUDA,
-     "  if (c.apply_decay) param = __fmul_rn(param, c.decay);\n",
+     "  if (c.apply_decay) param = mul_rn(param, c.decay);\n",
      "",
      "the CUDA step forgets the weight decay"),
     ("l6_gpu_unscale_flag_never_set", L6_CUDA,
-     "  if (non_finite) *found_inf = 1.0f;",
-     "  (void)non_finite;",
+     "    if (non_finite) *found_inf = 1.0f;",
+     "    (void)non_finite;",
      "the CUDA unscale finds the inf but never writes found_inf"),
+    ("l6_gpu_unscale_skips_check_at_1", L6_CUDA,
+     "        non_finite = non_finite || !isfinite(x);\n        pack.x[k]",
+     "        non_finite = non_finite || (inv != 1.0f && !isfinite(x));\n        pack.x[k]",
+     "at a scale of 1 nothing is multiplied, and the non-finite check is skipped with it"),
+    ("l6_gpu_unscale_checks_after_multiply", L6_CUDA,
+     "        non_finite = non_finite || !isfinite(x);\n        pack.x[k] = from_float<T>(x * inv);",
+     "        pack.x[k] = from_float<T>(x * inv);\n        non_finite = non_finite || !isfinite(to_float(pack.x[k]));",
+     "the non-finite check looks at the unscaled value: a finite gradient that overflows when multiplied is flagged"),
+    ("l6_gpu_unscale_packs_unaligned", L6_CUDA,
+     "  const bool packed = aligned(g, sizeof(T) * kWidth);",
+     "  const bool packed = true;",
+     "the unscale loads packs from gradients that start mid-pack (a misaligned address)"),
+    ("l6_gpu_unscale_stops_at_first_inf", L6_CUDA,
+     "for (int64_t i = thread.index(); i < packs; i += thread.stride()) {\n      Pack<T, kWidth> pack",
+     "for (int64_t i = thread.index(); i < packs && !non_finite; i += thread.stride()) {\n      Pack<T, kWidth> pack",
+     "a thread that met an inf stops: the rest of its packs are not unscaled"),
 ]
