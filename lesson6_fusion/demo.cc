@@ -17,6 +17,7 @@
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include "common/demo.h"
 #include "common/device.h"
 #include "common/memory_meter.h"
 #include "common/report.h"
@@ -42,18 +43,10 @@ struct Variant {
   bool is_copy = false;
 };
 
-int run(int argc, char** argv) {
-  const workshop::Flags flags(argc, argv,
-                              {{"device", "cpu, cuda or best (cuda: step 6's kernels, built where nvcc was found)"},
-                               {"quick", "small, fast settings (1M floats per tensor)"},
-                               {"csv_dir", "write the table as CSV here and append the summary"},
-                               {"numel", "elements per tensor (default 16777216 = 64 MiB of float32; quick 1M)"},
-                               {"rounds", "rounds; each variant is timed in every round (default 3)"},
-                               {"repeats", "timed calls per variant and round (default 5)"},
-                               {"threads", "ATen intra-op threads (default: LibTorch's own choice)"},
-                               {"small", "elements per tensor in the many-parameters table (default 4096)"}});
-  const bool quick = flags.has("quick");
-  const c10::Device device = workshop::parse_device(flags.get("device", "cpu"));
+int run(const workshop::Demo& demo) {
+  const workshop::Flags& flags = demo.flags;
+  const bool quick = demo.quick;
+  const c10::Device device = demo.device;
   TORCH_CHECK(device.is_cpu() || fusion::has_cuda_kernel(),
               "lesson 6 demo: workshop::fused_adamw_ has no CUDA kernel in this build (step 6's kernels are built "
               "where LibTorch has CUDA and Bazel found nvcc)");
@@ -61,7 +54,7 @@ int run(int argc, char** argv) {
   const int64_t n = flags.get_int("numel", quick ? (int64_t{1} << 20) : (int64_t{1} << 24));
   const int rounds = static_cast<int>(flags.get_int("rounds", 3));
   const int repeats = static_cast<int>(flags.get_int("repeats", 5));
-  const std::string csv_dir = flags.get("csv_dir", "");
+  const std::string& csv_dir = demo.csv_dir;
   if (flags.has("threads")) at::set_num_threads(static_cast<int>(flags.get_int("threads", 1)));
 
   std::cout << "Lesson 6 — fused kernels: one AdamW step\n"
@@ -229,10 +222,17 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const c10::Error& error) {
-    std::cerr << "error: " << error.what_without_backtrace() << "\n";
-    return 1;
-  }
+  return workshop::demo_main(
+      argc, argv,
+      workshop::DemoOptions("Lesson 6 demo: one AdamW step three ways (the fused operator, one ATen op at a time, "
+                            "torch::optim::AdamW) beside a copy of the same bytes: napkin bytes, GB/s, the fraction "
+                            "of the ceiling.")
+          .device("cpu")
+          .device_help("cpu (default), cuda or best (cuda: step 6's kernels, built where nvcc was found)")
+          .flags({{"numel", "elements per tensor (default 16777216 = 64 MiB of float32; quick 1M)"},
+                  {"rounds", "rounds; each variant is timed in every round (default 3)"},
+                  {"repeats", "timed calls per variant and round (default 5)"},
+                  {"threads", "ATen intra-op threads (default: LibTorch's own choice)"},
+                  {"small", "elements per tensor in the many-parameters table (default 4096)"}}),
+      run);
 }

@@ -85,6 +85,7 @@ def lesson_demo(solution, exercise, deps = [], src = "demo.cc"):
     """The lesson's demo twice: `demo` on the reference solution `solution`, and `my_demo` on the learner's
     library `exercise` (tagged "exercise", like the learner's checks)."""
     common = deps + [
+        "//common:demo",
         "//common:device",
         "//common:memory_meter",
         "//common:report",
