@@ -15,6 +15,10 @@ Fields (file names are relative to the lesson's folder, `dir`):
   extra      anything else in the folder (scripts, a sub-package), besides README.md, BUILD and demo.cc
   solution_extra   files of solutions/<dir>/ besides BUILD and the answers to `learner`
   bench      the bench case (bench/<file>), mutants: the mutants module (tools/mutants/<file>)
+  library, deps, header_deps, check_deps, test_size
+             how the files build (tools/lesson_package.bzl writes both BUILD files from them): the name of the
+             implementation library (the learner's and the reference's), its deps, the headers' deps, the checks'
+             deps, and the checks' Bazel size ("small" when absent)
 Every lesson folder also holds README.md (a Doxygen page with `{#lessonN}` and "## Step K" headings), BUILD (a
 `sources` filegroup, a `demo` binary on the reference solution with flags --quick --device --csv_dir, the `tests`
 targets) and demo.cc. Optionally docs/plots/lessonN.gp turns the demo's CSV files into the lesson's charts.
@@ -36,6 +40,10 @@ LESSONS = [
         solution_extra = [],
         bench = "lesson1.cc",
         mutants = "lesson1.py",
+        library = "amp",
+        deps = ["//common/compat:compat"],
+        header_deps = [],
+        check_deps = ["//tests:check_helpers"],
     ),
     struct(
         number = 2,
@@ -52,6 +60,16 @@ LESSONS = [
         solution_extra = [],
         bench = "lesson2.cc",
         mutants = "lesson2.py",
+        library = "accumulation",
+        deps = [
+            "//common:memory_meter",
+            "//solutions/lesson1_amp:amp",
+        ],
+        header_deps = ["//lesson1_amp:headers"],
+        check_deps = [
+            "//common:memory_meter",
+            "//tests:check_helpers",
+        ],
     ),
     struct(
         number = 3,
@@ -68,6 +86,13 @@ LESSONS = [
         solution_extra = [],
         bench = "lesson3.cc",
         mutants = "lesson3.py",
+        library = "prof",
+        deps = [
+            "//common:device",
+            "//common/compat:compat_profiler",
+        ],
+        header_deps = [],
+        check_deps = [],
     ),
     struct(
         number = 4,
@@ -84,6 +109,18 @@ LESSONS = [
         solution_extra = [],
         bench = "lesson4.cc",
         mutants = "lesson4.py",
+        library = "memory",
+        deps = [
+            "//common:device",
+            "//common:memory_meter",
+            "//common/compat:compat",
+            "//solutions/lesson1_amp:amp",
+        ],
+        header_deps = ["//lesson1_amp:headers"],
+        check_deps = [
+            "//common:memory_meter",
+            "//tests:check_helpers",
+        ],
     ),
     struct(
         number = 5,
@@ -100,6 +137,23 @@ LESSONS = [
         solution_extra = ["process_fault_test.sh", "quick_buckets_test.sh"],
         bench = "lesson5.cc",
         mutants = "lesson5.py",
+        library = "ddp",
+        deps = [
+            "//common/compat:compat_distributed",
+            "//solutions/lesson1_amp:amp",
+            "//solutions/lesson2_accumulation:accumulation",
+        ],
+        header_deps = [
+            "//common:device",
+            "//common:memory_meter",
+            "//lesson1_amp:headers",
+            "//lesson2_accumulation:headers",
+        ],
+        check_deps = [
+            "//common:memory_meter",
+            "//tests:check_helpers",
+        ],
+        test_size = "medium",
     ),
     struct(
         number = 6,
@@ -116,6 +170,14 @@ LESSONS = [
         solution_extra = [],
         bench = "lesson6.cc",
         mutants = "lesson6.py",
+        library = "fusion",
+        deps = [],
+        header_deps = [],
+        check_deps = [
+            "//common:memory_meter",
+            "//solutions/lesson1_amp:amp",
+            "//tests:check_helpers",
+        ],
     ),
 ]
 
