@@ -23,6 +23,8 @@ lesson_package(N) writes, in //lessonN_*:
 solution_package(N) writes, in //solutions/lessonN_*:
   <library>        the answers (the learner files' names, in solutions/) with the same given files, flags and deps
   <test>           the same checks object linked with the reference library (untagged: `--config=ci` runs these)
+  bench_case       the lesson's bench case (the manifest's `bench`, a file here), which registers itself with
+                   //bench (bench/registry.h); //bench links every lesson's
   sources          as above
 
 A lesson whose library is not one cc_library (lesson 6: nvcc where it exists, a simulated grid elsewhere) passes
@@ -32,7 +34,7 @@ its BUILD file, after the call.
 """
 
 load("//tools:lessons.bzl", "LESSONS")
-load("//tools:workshop.bzl", "LEARNER_COPTS", "lesson_demo", "lesson_test")
+load("//tools:workshop.bzl", "COPTS", "LEARNER_COPTS", "lesson_demo", "lesson_test")
 
 BUILD_FIELDS = ["library", "deps", "header_deps", "check_deps", "test_size"]
 
@@ -121,6 +123,22 @@ def solution_package(number, implementation = None):
         learner_cc + [home + f for f in given_cc],
         [home + "headers"] + lesson.deps + ["@libtorch"],
         implementation,
+    )
+    native.cc_library(
+        name = "bench_case",
+        srcs = [lesson.bench],
+        copts = COPTS,
+        alwayslink = True,  # registers itself (bench/registry.h): nothing refers to it by name
+        deps = [
+            ":" + lesson.library,
+            home + "headers",
+            "//bench:harness",
+            "//bench:registry",
+            "//common:device",
+            "//common:memory_meter",
+            "//common:report",
+            "@libtorch",
+        ],
     )
     for test in lesson.tests:
         lesson_test(

@@ -14,7 +14,9 @@ Fields (file names are relative to the lesson's folder, `dir`):
   given      code the lesson provides (not edited by the learner)
   extra      anything else in the folder (scripts, a sub-package), besides README.md, BUILD and demo.cc
   solution_extra   files of solutions/<dir>/ besides BUILD and the answers to `learner`
-  bench      the bench case (bench/<file>), mutants: the mutants module (tools/mutants/<file>)
+  bench      the bench case, a file of solutions/<dir>/ that registers itself with //bench (bench/registry.h)
+  mutants    the mutants module, a file of solutions/<dir>/ (plausible mistakes in the reference solution that
+             the checks must catch; tools/mutants/run.sh applies them)
   library, deps, header_deps, check_deps, test_size
              how the files build (tools/lesson_package.bzl writes both BUILD files from them): the name of the
              implementation library (the learner's and the reference's), its deps, the headers' deps, the checks'
@@ -38,8 +40,8 @@ LESSONS = [
         given = ["grad_scaler_given.cc", "underflow_model.h"],
         extra = [],
         solution_extra = [],
-        bench = "lesson1.cc",
-        mutants = "lesson1.py",
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
         library = "amp",
         deps = ["//common/compat:compat"],
         header_deps = [],
@@ -58,8 +60,8 @@ LESSONS = [
         given = [],
         extra = [],
         solution_extra = [],
-        bench = "lesson2.cc",
-        mutants = "lesson2.py",
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
         library = "accumulation",
         deps = [
             "//common:memory_meter",
@@ -84,8 +86,8 @@ LESSONS = [
         given = ["stopwatch_given.cc", "phases_given.cc", "profiler_given.cc", "bottleneck_given.cc"],
         extra = [],
         solution_extra = [],
-        bench = "lesson3.cc",
-        mutants = "lesson3.py",
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
         library = "prof",
         deps = [
             "//common:device",
@@ -107,8 +109,8 @@ LESSONS = [
         given = ["given.cc", "workload.h"],
         extra = [],
         solution_extra = [],
-        bench = "lesson4.cc",
-        mutants = "lesson4.py",
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
         library = "memory",
         deps = [
             "//common:device",
@@ -135,8 +137,8 @@ LESSONS = [
         given = ["comm.cc", "given.cc", "demo_ranks.h"],
         extra = ["netns/BUILD", "netns/cleanup_test.sh", "netns/netns_run.sh", "netns/record.py"],
         solution_extra = ["process_fault_test.sh", "quick_buckets_test.sh"],
-        bench = "lesson5.cc",
-        mutants = "lesson5.py",
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
         library = "ddp",
         deps = [
             "//common/compat:compat_distributed",
@@ -168,8 +170,8 @@ LESSONS = [
         given = ["given.cc", "given_cuda.cc", "kernel_copts.bzl"],
         extra = [],
         solution_extra = [],
-        bench = "lesson6.cc",
-        mutants = "lesson6.py",
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
         library = "fusion",
         deps = [],
         header_deps = [],
