@@ -98,7 +98,7 @@ TEST_CASE("[step1] scaled_sum multiplies the sum of the elements by the factor, 
   for (const auto dtype : {{at::kFloat, at::kDouble, at::kBFloat16}}) {{
     const at::Tensor x = at::arange(1, 5, at::TensorOptions().dtype(dtype));  // 1 + 2 + 3 + 4 = 10
     const at::Tensor s = lesson{n}::scaled_sum(x, 0.5);
-    CHECK(s.scalar_type() == at::kDouble);
+    CHECK((s.scalar_type() == at::kDouble));  // ScalarType has no doctest StringMaker: compare to a bool
     CHECK(s.dim() == 0);
     CHECK(s.item<double>() == doctest::Approx(5.0));
   }}
