@@ -16,9 +16,7 @@ std::vector<std::pair<double, Case>>& registry() {
 
 }  // namespace
 
-Registered::Registered(double order, Case bench_case) {
-  registry().emplace_back(order, std::move(bench_case));
-}
+Registered::Registered(double order, Case bench_case) { registry().emplace_back(order, std::move(bench_case)); }
 
 std::vector<Case> registered_cases() {
   std::vector<std::pair<double, Case>> sorted = registry();

@@ -114,7 +114,8 @@ void lesson5(Context& c) {
 }
 
 namespace {
-const Registered registered(5, Case{"l5", lesson5, /*once=*/true, nullptr, lesson5_rank});  // once: each run relaunches its rank processes
+// once: each run relaunches its rank processes.
+const Registered registered(5, Case{"l5", lesson5, /*once=*/true, nullptr, lesson5_rank});
 }  // namespace
 
 }  // namespace bench
