@@ -147,8 +147,10 @@ int main(int argc, char** argv) {{
   double ours = 0, aten = 0;
   for (const int64_t elements : {{int64_t{{1}} << 16, int64_t{{1}} << (quick ? 18 : 22)}}) {{
     const at::Tensor x = at::randn({{elements}}, at::TensorOptions().device(device));
-    ours = workshop::time_repeated(device, [&] {{ lesson{n}::scaled_sum(x, 0.5); }}, 1, repeats).median_ms;
-    aten = workshop::time_repeated(device, [&] {{ x.sum(); }}, 1, repeats).median_ms;
+    const auto run_ours = [&] {{ lesson{n}::scaled_sum(x, 0.5); }};
+    const auto run_aten = [&] {{ x.sum(); }};
+    ours = workshop::time_repeated(device, run_ours, 1, repeats).median_ms;
+    aten = workshop::time_repeated(device, run_aten, 1, repeats).median_ms;
     table.add({{std::to_string(elements), workshop::fixed(ours, 3), workshop::fixed(aten, 3)}});
   }}
   const std::string path = table.emit(csv_dir);
@@ -177,8 +179,10 @@ void lesson{n}_case(bench::Context& c) {{
   std::cout << "lesson {n}: scaled_sum vs at::sum, " << elements << " floats" << std::endl;
   const at::Tensor x = at::randn({{elements}}, at::TensorOptions().device(c.device));
   const int repeats = c.quick ? 5 : 20;
-  const auto aten = workshop::time_repeated(c.device, [&] {{ x.sum(); }}, 3, repeats);
-  const auto ours = workshop::time_repeated(c.device, [&] {{ lesson{n}::scaled_sum(x, 0.5); }}, 3, repeats);
+  const auto run_aten = [&] {{ x.sum(); }};
+  const auto run_ours = [&] {{ lesson{n}::scaled_sum(x, 0.5); }};
+  const auto aten = workshop::time_repeated(c.device, run_aten, 3, repeats);
+  const auto ours = workshop::time_repeated(c.device, run_ours, 3, repeats);
   const double bytes = 4.0 * static_cast<double>(elements);
   c.rows.push_back(bench::Row{{"lesson {n}: {title}", "at::sum", aten, 0, bytes, "", 1.0, "", "", -1}});
   c.rows.push_back(bench::Row{{"lesson {n}: {title}", "scaled_sum (float64 copy first)", ours, 0, bytes, "",
