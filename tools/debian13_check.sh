@@ -47,6 +47,15 @@ phase() {  # phase NAME: prints how long the previous phase took
 
 [[ $(id -u) -eq 0 ]] || die "needs root (debootstrap, chroot and mounts)"
 
+# One run at a time per cache: two runs share the roots, their copies of the tree and their mounts. A second run
+# waits for the first (several worktrees on one machine each run this script).
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+if ! flock -n 9; then
+  say "another debian13_check.sh holds $cache/.lock; waiting for it"
+  flock 9
+fi
+
 # ---- the mirror: the Debian archive this machine already uses -----------------------------------------------
 mirror() {
   local uri
