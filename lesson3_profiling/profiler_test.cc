@@ -297,7 +297,7 @@ TEST_CASE("[step3] call counts are exact for a known workload") {
   const auto a = at::ones({16, 16});
   const auto profile = prof::profile_steps(3, [&] { known_step(a); });
   MESSAGE("profiler backend: " << prof::profiler_backend()
-                               << (prof::backend_can_save_trace() ? " (saves a trace of its own)" : ""));
+                               << std::string(prof::backend_can_save_trace() ? " (saves a trace of its own)" : ""));
   CHECK(profile.calls("phase:forward") == 3);
   CHECK(profile.calls("phase:backward") == 3);
   CHECK(profile.calls("custom") == 3);

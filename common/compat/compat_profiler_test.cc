@@ -44,7 +44,7 @@ std::string temp_path(const std::string& name) {
 TEST_CASE("both backends record the same ops, ranges and bytes; only Kineto with libkineto saves a trace") {
   const auto a = at::ones({64, 64});
   MESSAGE("LibTorch " << TORCH_VERSION << ": default profiler backend "
-                      << workshop::compat::backend_name(workshop::compat::default_backend()));
+                      << std::string(workshop::compat::backend_name(workshop::compat::default_backend())));
   for (const Backend backend : {Backend::kKineto, Backend::kLegacy}) {
     const std::string name = workshop::compat::backend_name(backend);
     CAPTURE(name);
