@@ -94,7 +94,7 @@ LESSONS = [
             "//common/compat:compat_profiler",
         ],
         header_deps = [],
-        check_deps = [],
+        check_deps = ["//common:memory_meter"],
     ),
     struct(
         number = 4,
