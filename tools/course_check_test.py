@@ -53,6 +53,8 @@ def edit(path, old, new):
 
 
 first, last = lessons[0], lessons[-1]
+published = [l for l in lessons if not getattr(l, "draft", False)]
+last_published = published[-1]
 DEFECTS = [
     ("an unlisted file in a lesson folder",
      lambda w: open(os.path.join(w, first.dir, "notes.txt"), "w").close(),
@@ -73,9 +75,9 @@ DEFECTS = [
      lambda w: os.makedirs(os.path.join(w, "lesson%d_extra" % (len(lessons) + 1))),
      "lesson folder lesson%d_extra is not in the manifest" % (len(lessons) + 1)),
     ("the README's course list without a lesson",
-     lambda w: edit(os.path.join(w, "README.md"), "%d. **%s**" % (last.number, last.title), "%d. **Something else**"
-                    % last.number),
-     "README.md's course list has no line '%d. **%s**" % (last.number, last.title)),
+     lambda w: edit(os.path.join(w, "README.md"), "%d. **%s**" % (last_published.number, last_published.title),
+                    "%d. **Something else**" % last_published.number),
+     "README.md's course list has no line '%d. **%s**" % (last_published.number, last_published.title)),
     ("a bench case that does not register itself",
      lambda w: edit(os.path.join(w, "solutions", first.dir, first.bench), 'Case{"l%d",' % first.number,
                     'Case{"lx",'),
@@ -103,10 +105,10 @@ DEFECTS = [
                     "solution_package(%d" % last.number),
      "solutions/%s/BUILD does not call solution_package(%d)" % (first.dir, first.number)),
     ("a published lesson missing from the README's list once its draft flag is gone, and a draft that is listed",
-     lambda w: edit(os.path.join(w, "tools", "lessons.bzl"), 'number = %d,' % last.number,
-                    'number = %d,\n        draft = True,' % last.number),
+     lambda w: edit(os.path.join(w, "tools", "lessons.bzl"), 'number = %d,' % last_published.number,
+                    'number = %d,\n        draft = True,' % last_published.number),
      "README.md's course list has a lesson %d; the manifest has %d published lessons" % (
-         last.number, len(lessons) - 1)),
+         last_published.number, len(published) - 1)),
 ]
 
 for what, plant, message in DEFECTS:

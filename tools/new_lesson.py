@@ -202,11 +202,14 @@ SOLUTION = "solutions/{dir}/{name}.cc"
 
 MUTANTS = [
     ("l{n}_no_undefined_check", SOLUTION,
-     '  TORCH_CHECK(x.defined(), "scaled_sum: x is undefined");\\n', ""),
+     '  TORCH_CHECK(x.defined(), "scaled_sum: x is undefined");\\n', "",
+     "an undefined tensor is not refused by name"),
     ("l{n}_sum_in_input_dtype", SOLUTION,
-     "return x.to(at::kDouble).sum() * factor;", "return (x.sum() * factor).to(at::kDouble);"),
+     "return x.to(at::kDouble).sum() * factor;", "return (x.sum() * factor).to(at::kDouble);",
+     "the sum runs in the input's dtype and is converted after"),
     ("l{n}_factor_ignored", SOLUTION,
-     "return x.to(at::kDouble).sum() * factor;", "return x.to(at::kDouble).sum();"),
+     "return x.to(at::kDouble).sum() * factor;", "return x.to(at::kDouble).sum();",
+     "the factor is dropped"),
 ]
 '''
 

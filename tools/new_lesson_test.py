@@ -85,6 +85,15 @@ try:
     text = open(os.path.join(work, d, "topic.cc"), encoding="utf-8").read()
     expect("TODO(lesson%d, step 1)" % n in text, "the skeleton holds TODO(lesson%d, step 1)" % n)
 
+    scope = {}
+    exec(open(os.path.join(work, "solutions", d, "mutants.py"), encoding="utf-8").read(), scope)
+    shapes = [len(m) for m in scope.get("MUTANTS", [])]
+    expect(shapes and all(k == 5 for k in shapes),
+           "its mutants are (name, file, old, new, what the bug is) tuples, as run.sh takes them (%s)" % shapes)
+    solution = open(os.path.join(work, "solutions", d, "topic.cc"), encoding="utf-8").read()
+    expect(all(solution.count(m[2]) == 1 for m in scope.get("MUTANTS", [])),
+           "each mutant's snippet occurs exactly once in the generated solution")
+
     again = scaffold(str(n + 1), "topic", "A new lesson")
     expect(again.returncode == 0, "a second lesson after it gets number %d (%s)" % (n + 1, again.stderr[-200:]))
     os.makedirs(os.path.join(work, "lesson%d_clash" % (n + 2)))
