@@ -20,7 +20,9 @@ import argparse
 import ast
 import os
 import re
+import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 import manifest  # noqa: E402
@@ -57,6 +59,22 @@ def mutant_files(path):
                         elif isinstance(field, ast.Constant):
                             files.append(field.value)
     return files
+
+
+def copy_of_workspace(root):
+    """A temporary copy of what the course check reads (README.md, bench/, the manifest, tools/mutants/, every
+    lesson and solution folder), for tests that plant a defect or scaffold a lesson in it. The caller removes it."""
+    work = tempfile.mkdtemp(prefix="course_check-")
+    shutil.copy(os.path.join(root, "README.md"), work)
+    shutil.copytree(os.path.join(root, "bench"), os.path.join(work, "bench"))
+    os.makedirs(os.path.join(work, "tools"))
+    shutil.copy(os.path.join(root, "tools", "lessons.bzl"), os.path.join(work, "tools"))
+    shutil.copytree(os.path.join(root, "tools", "mutants"), os.path.join(work, "tools", "mutants"))
+    os.makedirs(os.path.join(work, "solutions"))
+    for lesson in manifest.load(os.path.join(root, "tools", "lessons.bzl")):
+        shutil.copytree(os.path.join(root, lesson.dir), os.path.join(work, lesson.dir))
+        shutil.copytree(os.path.join(root, "solutions", lesson.dir), os.path.join(work, "solutions", lesson.dir))
+    return work
 
 
 def check(root):

@@ -7,7 +7,6 @@ time fails it with the right message (a check that cannot fail is a defect).
 import os
 import shutil
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -28,21 +27,6 @@ lessons, problems = course_check.check(ROOT)
 for p in problems:
     print("  workspace: " + p)
 expect(not problems, "the workspace agrees with its manifest (%d lessons)" % len(lessons))
-
-
-def copy_of_workspace():
-    """What the course check reads: README.md, bench/, tools/ (manifest, mutants), lesson and solution folders."""
-    work = tempfile.mkdtemp(prefix="course_check_test-")
-    shutil.copy(os.path.join(ROOT, "README.md"), work)
-    shutil.copytree(os.path.join(ROOT, "bench"), os.path.join(work, "bench"))
-    os.makedirs(os.path.join(work, "tools"))
-    shutil.copy(os.path.join(ROOT, "tools", "lessons.bzl"), os.path.join(work, "tools"))
-    shutil.copytree(os.path.join(ROOT, "tools", "mutants"), os.path.join(work, "tools", "mutants"))
-    os.makedirs(os.path.join(work, "solutions"))
-    for lesson in lessons:
-        shutil.copytree(os.path.join(ROOT, lesson.dir), os.path.join(work, lesson.dir))
-        shutil.copytree(os.path.join(ROOT, "solutions", lesson.dir), os.path.join(work, "solutions", lesson.dir))
-    return work
 
 
 def edit(path, old, new):
@@ -112,7 +96,7 @@ DEFECTS = [
 ]
 
 for what, plant, message in DEFECTS:
-    work = copy_of_workspace()
+    work = course_check.copy_of_workspace(ROOT)
     try:
         plant(work)
         _, found = course_check.check(work)

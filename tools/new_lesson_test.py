@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -40,17 +39,8 @@ def snapshot(root):
 
 
 lessons = manifest.load()
-work = tempfile.mkdtemp(prefix="new_lesson_test-")
+work = course_check.copy_of_workspace(ROOT)
 try:
-    shutil.copy(os.path.join(ROOT, "README.md"), work)
-    shutil.copytree(os.path.join(ROOT, "bench"), os.path.join(work, "bench"))
-    os.makedirs(os.path.join(work, "tools"))
-    shutil.copy(os.path.join(ROOT, "tools", "lessons.bzl"), os.path.join(work, "tools"))
-    shutil.copytree(os.path.join(ROOT, "tools", "mutants"), os.path.join(work, "tools", "mutants"))
-    os.makedirs(os.path.join(work, "solutions"))
-    for lesson in lessons:
-        shutil.copytree(os.path.join(ROOT, lesson.dir), os.path.join(work, lesson.dir))
-        shutil.copytree(os.path.join(ROOT, "solutions", lesson.dir), os.path.join(work, "solutions", lesson.dir))
 
     def scaffold(*args):
         return subprocess.run([sys.executable, os.path.join(HERE, "new_lesson.py"), "--root", work] + list(args),
