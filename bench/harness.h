@@ -1,6 +1,6 @@
 // The bench's shared harness: the rows every case adds, the ceilings measured beside them, the rounds that
 // interleave ours and PyTorch's, and the report (console tables, CSV, Markdown). The cases themselves live one
-// file per lesson (bench/lesson1.cc ... bench/lesson6.cc, bench/scaler.cc); bench/main.cc lists them in a table.
+// file per lesson (solutions/lessonN_*/bench_case.cc) and bench/scaler.cc, and register themselves (registry.h).
 #pragma once
 
 #include <cstdint>

@@ -22,20 +22,9 @@
 // lines); peak_or_bytes is our meter's peak (or the napkin bytes of the scaler and lesson 5),
 // same_way_peak_bytes the peak both sides measure the same way (bench/peer_runner.h).
 //
-// This file is only the table of cases; the cases are bench/lesson*.cc and bench/scaler.cc, the rounds,
-// ceilings and report bench/harness.cc.
-#include "bench/cases.h"
+// The cases register themselves (bench/registry.h): each lesson's in its solution's folder
+// (solutions/lessonN_*/bench_case.cc, the manifest's `bench`), the scaler's in bench/scaler.cc; the rounds,
+// ceilings and report are bench/harness.cc.
+#include "bench/registry.h"
 
-int main(int argc, char** argv) {
-  // In the order they run. Lesson 5 runs once whatever --rounds (each run relaunches its rank processes).
-  const std::vector<bench::Case> cases{
-      {"l1", bench::lesson1},
-      {"l2", bench::lesson2},
-      {"l3", bench::lesson3},
-      {"l4", bench::lesson4},
-      {"scaler", bench::scaler, /*once=*/false, bench::scaler_finish},
-      {"l5", bench::lesson5, /*once=*/true, nullptr, bench::lesson5_rank},
-      {"l6", bench::lesson6},
-  };
-  return bench::run_bench(argc, argv, cases);
-}
+int main(int argc, char** argv) { return bench::run_bench(argc, argv, bench::registered_cases()); }

@@ -1,7 +1,7 @@
 """The PyTorch peer of //bench: the same workloads as the C++ rows, run with PyTorch's own implementations.
 
-//bench (bench/lesson*.cc, bench/scaler.cc) runs this script once per case as a subprocess, with the exact sizes, seed, thread
-count and device of its own rows, and merges what it prints into its tables:
+//bench (the lessons' cases, solutions/lesson*/bench_case.cc, and bench/scaler.cc) runs this script once per case
+as a subprocess, with the exact sizes, seed, thread count and device of its own rows, and merges what it prints into its tables:
 
     python3 bench/peer.py --device=cpu --threads=1 --case=l1 --spec=width=1024,depth=4,batch=512,...
 
@@ -166,7 +166,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def case_l1(device, spec):
-    """bench/lesson1.cc: MLP of depth x (Linear(width, width), ReLU), batch, SGD(lr 1e-4), mse loss."""
+    """As solutions/lesson1_amp/bench_case.cc: MLP of depth x (Linear(width, width), ReLU), batch, SGD(lr 1e-4),
+    mse loss."""
     width, depth, batch = int(spec["width"]), int(spec["depth"]), int(spec["batch"])
     warmup, repeats = int(spec["warmup"]), int(spec["repeats"])
     for key in spec["variants"].split("+"):
@@ -216,7 +217,8 @@ def case_l1(device, spec):
 
 
 def case_l2(device, spec):
-    """bench/lesson2.cc: Linear(256, w), ReLU, Linear(w, w), ReLU, Linear(w, 16); SGD(1e-4); K micro-batches."""
+    """As solutions/lesson2_accumulation/bench_case.cc: Linear(256, w), ReLU, Linear(w, w), ReLU, Linear(w, 16);
+    SGD(1e-4); K micro-batches."""
     batch, width = int(spec["batch"]), int(spec["width"])
     warmup, repeats = int(spec["warmup"]), int(spec["repeats"])
     torch.manual_seed(0)

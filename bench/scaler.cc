@@ -8,7 +8,8 @@
 
 #include <torch/torch.h>
 
-#include "bench/cases.h"
+#include "bench/harness.h"
+#include "bench/registry.h"
 #include "common/report.h"
 #include "lesson1_amp/grad_scaler.h"
 
@@ -172,5 +173,10 @@ void scaler_finish(Context& c) {
   }
   if (!rows.empty()) c.sections.push_back(scaler_section(c, rows));
 }
+
+namespace {
+// Between lesson 4 and lesson 5: the scaler's fused path uses lesson 6's operator, its rows read with lesson 1's.
+const Registered registered(4.5, Case{"scaler", scaler, /*once=*/false, scaler_finish});
+}  // namespace
 
 }  // namespace bench

@@ -300,7 +300,7 @@ def main():
     # The main page: the course table.
     table = ["| lesson | you learn | you need |", "|--------|-----------|----------|"]
     for l in lessons:
-        name = "%d. %s" % (l["number"], l["title"])
+        name = "%d. %s%s" % (l["number"], l["title"], " (draft)" if l.get("draft") else "")
         link = "\\ref lesson%d \"%s\"" % (l["number"], name)
         table.append("| %s | %s | %s |" % (link, l["learn"], l["need"]))
     mainpage = read(args.mainpage)

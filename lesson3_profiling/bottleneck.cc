@@ -16,8 +16,10 @@ namespace prof {
 // [diagnose]
 std::vector<Finding> diagnose(const Profile& profile, int64_t steps, const DiagnoseOptions& options) {
   // TODO(lesson3, step 4): Check steps >= 1 (message with "steps") and that the profile has phase rows
-  // (message with "no phase"). Take each present phase's profile.step_share(). Count per phase the direct child ops (events whose parent is a phase range) and
-  // the kSyncOp calls; then add the findings the header describes and sort them, largest phase_share first.
+  // (message with "no phase"). Take each present phase's profile.step_share(phase, clock), where clock is
+  // Clock::kDevice in a profile with device time (has_device_time()) and Clock::kHost otherwise. Count per phase
+  // the direct child ops (events whose parent is a phase range) and the kSyncOp calls; then add the findings
+  // the header describes and sort them, largest phase_share first.
   TORCH_CHECK(false, "TODO(lesson3, step 4): diagnose() is not implemented yet");
 }
 // [diagnose]

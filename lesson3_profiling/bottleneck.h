@@ -43,7 +43,8 @@ struct Finding {
   std::string phase;          ///< the phase label it was found in
   std::string op;             ///< the op that shows it: the sync op, or the phase's most-called direct child
   double calls_per_step = 0;  ///< how often `op` ran per step
-  double phase_share = 0;     ///< Profile::step_share() of `phase`
+  double phase_share = 0;     ///< Profile::step_share() of `phase`: on the device clock in a profile with
+                              ///< device time (a GPU's), else on the host clock
 };
 
 /// Step 4. Names the problems in a profile of `steps` training steps:

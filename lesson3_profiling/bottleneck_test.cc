@@ -43,7 +43,70 @@ std::string describe(const std::vector<prof::Finding>& findings) {
   return text;
 }
 
+// A GPU-shaped profile of `steps` steps, made by hand: the data phase holds the host longest with 40 tiny ops of
+// no device work; the forward phase returns fast but its matmul keeps the device busy for 400 us, and it reads
+// the loss on the host once. `device` = false makes the same profile without device time (a CPU's).
+prof::Profile gpu_shaped(int64_t steps, bool device) {
+  std::vector<prof::Event> events;
+  auto add = [&](const std::string& name, double start, double end, double device_us) {
+    prof::Event e;
+    e.name = name;
+    e.thread = 1;
+    e.start_us = start;
+    e.end_us = end;
+    e.self_device_us = device ? device_us : 0.0;
+    events.push_back(e);
+  };
+  for (int64_t k = 0; k < steps; ++k) {
+    const double t = 110.0 * static_cast<double>(k);
+    add("phase:data", t, t + 80, 0);
+    for (int i = 0; i < 40; ++i) add("aten::select", t + 2 * i, t + 2 * i + 1, 0);
+    add("phase:forward", t + 80, t + 100, 0);
+    add("aten::mm", t + 81, t + 85, 400);
+    add(prof::kSyncOp, t + 90, t + 99, 0);
+    add("phase:backward", t + 100, t + 105, 0);
+    add("aten::mm", t + 101, t + 104, 20);
+    add("phase:optimizer", t + 105, t + 110, 0);
+    add("aten::sub_", t + 106, t + 109, 10);
+  }
+  return prof::Profile(events);
+}
+
 }  // namespace
+
+TEST_CASE("[step4] on a GPU profile the diagnosis ranks by device time, on a CPU profile by host time") {
+  constexpr int64_t steps = 3;
+  const auto gpu = gpu_shaped(steps, true);
+  REQUIRE(gpu.has_device_time());
+  const auto on_gpu = prof::diagnose(gpu, steps);
+  const std::string gpu_found = describe(on_gpu);
+  CAPTURE(gpu_found);
+  REQUIRE(!on_gpu.empty());
+  // The device is busy in forward (400 of 430 us per step), idle in data: forward's sync comes first, and the
+  // data phase, long only on the host, is no "data in step" problem there.
+  CHECK(on_gpu.front().phase == "phase:forward");
+  CHECK(on_gpu.front().problem == prof::Problem::kHostDeviceSync);
+  CHECK(on_gpu.front().phase_share == doctest::Approx(400.0 / 430.0));
+  CHECK(find(on_gpu, prof::Problem::kDataInStep) == nullptr);
+  for (const auto& f : on_gpu) {
+    CAPTURE(f.phase);
+    for (const auto phase :
+         {prof::Phase::kData, prof::Phase::kForward, prof::Phase::kBackward, prof::Phase::kOptimizer}) {
+      if (prof::phase_label(phase) == f.phase) {
+        CHECK(f.phase_share == doctest::Approx(gpu.step_share(phase, prof::Clock::kDevice)));
+      }
+    }
+  }
+
+  const auto cpu = gpu_shaped(steps, false);
+  const auto on_cpu = prof::diagnose(cpu, steps);
+  const std::string cpu_found = describe(on_cpu);
+  CAPTURE(cpu_found);
+  REQUIRE(!on_cpu.empty());
+  CHECK(on_cpu.front().phase == "phase:data");
+  CHECK(on_cpu.front().phase_share == doctest::Approx(80.0 / 110.0));
+  REQUIRE(find(on_cpu, prof::Problem::kDataInStep) != nullptr);
+}
 
 TEST_CASE("[step4] diagnose names the planted problems of the slow loop; the data phase is the bottleneck") {
   const OneThread one_thread;

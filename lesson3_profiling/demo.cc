@@ -19,11 +19,19 @@ namespace {
 
 using workshop::fixed;
 
-void add_rows(workshop::Table& table, const std::string& loop, const std::vector<prof::Row>& rows, size_t max) {
+void add_rows(workshop::Table& table, const std::string& loop, const std::vector<prof::Row>& rows, size_t max,
+              bool device_and_bytes = false) {
   for (size_t i = 0; i < rows.size() && i < max; ++i) {
     const auto& r = rows[i];
-    table.add({loop, r.name, std::to_string(r.calls), fixed(r.total_us / 1000.0, 3), fixed(r.self_us / 1000.0, 3),
-               fixed(r.share, 3)});
+    std::vector<std::string> cells{loop, r.name, std::to_string(r.calls)};
+    cells.push_back(fixed(r.total_us / 1000.0, 3));
+    cells.push_back(fixed(r.self_us / 1000.0, 3));
+    cells.push_back(fixed(r.share, 3));
+    if (device_and_bytes) {
+      cells.push_back(fixed(r.self_device_us / 1000.0, 3));
+      cells.push_back(fixed(static_cast<double>(r.bytes) / 1024.0, 1));
+    }
+    table.add(cells);
   }
 }
 
@@ -32,9 +40,12 @@ std::vector<prof::Row> ops_only(const std::vector<prof::Row>& rows) {
   for (const auto& r : rows) {
     if (!prof::is_phase_label(r.name)) out.push_back(r);
   }
-  // An op table reads best by self time: where the time is spent, not what encloses it.
-  std::stable_sort(out.begin(), out.end(),
-                   [](const prof::Row& a, const prof::Row& b) { return a.self_us > b.self_us; });
+  // An op table reads best by self time: where the time is spent, not what encloses it. On a GPU: the kernels'.
+  bool device = false;
+  for (const auto& r : out) device = device || r.self_device_us > 0;
+  std::stable_sort(out.begin(), out.end(), [device](const prof::Row& a, const prof::Row& b) {
+    return device ? a.self_device_us > b.self_device_us : a.self_us > b.self_us;
+  });
   return out;
 }
 
@@ -110,10 +121,12 @@ int run(const workshop::Demo& demo) {
   std::cout << "fixed loop:\n";
   print_findings(fast_findings);
 
-  workshop::Table ops("lesson3_ops", {"loop", "name", "calls", "total_ms", "self_ms", "share"});
-  add_rows(ops, "slow", ops_only(before.table()), 8);
-  add_rows(ops, "fixed", ops_only(after.table()), 8);
-  std::cout << "\nTop ops by self time:\n";
+  workshop::Table ops("lesson3_ops",
+                      {"loop", "name", "calls", "total_ms", "self_ms", "share", "self_device_ms", "alloc_kib"});
+  add_rows(ops, "slow", ops_only(before.table()), 8, true);
+  add_rows(ops, "fixed", ops_only(after.table()), 8, true);
+  std::cout << "\nTop ops by self time (on a GPU by self_device_ms, their kernels' time; alloc_kib: bytes they "
+               "allocated):\n";
   ops.emit(csv_dir);
 
   const std::string slow_trace = trace_dir + "/lesson3_slow_trace.json";
@@ -122,6 +135,11 @@ int run(const workshop::Demo& demo) {
   after.write_chrome_trace(fast_trace);
   std::cout << "\ntraces (open in ui.perfetto.dev or chrome://tracing):\n  " << slow_trace << "\n  " << fast_trace
             << "\n";
+  if (prof::backend_can_save_trace()) {  // Kineto's own trace of the fixed loop's recording, the last one
+    const std::string kineto_trace = trace_dir + "/lesson3_fixed_kineto_trace.json";
+    prof::save_backend_trace(kineto_trace);
+    std::cout << "  " << kineto_trace << " (Kineto's own, same run as the line above)\n";
+  }
 
   // 4. Step time, unprofiled, side by side in one run.
   const auto slow_time = prof::measure(

@@ -5,13 +5,16 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
 #include <ATen/ATen.h>
 
 #include "lesson3_profiling/phases.h"
+#include "common/memory_meter.h"
 #include "lesson3_profiling/profiler.h"
 
 using doctest::Contains;
@@ -49,6 +52,8 @@ class JsonCheck {
     return i_ == s_.size();
   }
   std::vector<std::string> names;
+  // Every object's scalar fields (strings decoded, numbers and literals as written), innermost objects first.
+  std::vector<std::map<std::string, std::string>> objects;
 
  private:
   void skip() {
@@ -108,6 +113,7 @@ class JsonCheck {
       ++i_;
       skip();
       if (i_ < s_.size() && s_[i_] == '}') return ++i_, true;
+      std::map<std::string, std::string> fields;
       while (true) {
         skip();
         std::string key;
@@ -115,19 +121,26 @@ class JsonCheck {
         skip();
         if (i_ >= s_.size() || s_[i_++] != ':') return false;
         skip();
-        if (key == "name" && i_ < s_.size() && s_[i_] == '"') {
-          std::string name;
-          if (!string(&name)) return false;
-          names.push_back(name);
-        } else if (!value()) {
-          return false;
+        if (i_ < s_.size() && s_[i_] == '"') {
+          std::string text;
+          if (!string(&text)) return false;
+          if (key == "name") names.push_back(text);
+          fields[key] = text;
+        } else {
+          const size_t begin = i_;
+          if (!value()) return false;
+          if (s_[begin] != '{' && s_[begin] != '[') fields[key] = s_.substr(begin, i_ - begin);
         }
         skip();
         if (i_ < s_.size() && s_[i_] == ',') {
           ++i_;
           continue;
         }
-        return i_ < s_.size() && s_[i_++] == '}';
+        if (i_ < s_.size() && s_[i_++] == '}') {
+          objects.push_back(std::move(fields));
+          return true;
+        }
+        return false;
       }
     }
     if (c == '[') {
@@ -152,11 +165,139 @@ class JsonCheck {
   size_t i_ = 0;
 };
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// One complete event of a trace, as written.
+struct TraceEvent {
+  std::string name, ph, pid, tid;
+  double ts = NAN, dur = NAN;
+};
+
+double number_or_nan(const std::map<std::string, std::string>& fields, const std::string& key) {
+  const auto it = fields.find(key);
+  if (it == fields.end()) return NAN;
+  try {
+    size_t used = 0;
+    const double value = std::stod(it->second, &used);
+    return used == it->second.size() ? value : NAN;
+  } catch (...) {
+    return NAN;
+  }
+}
+
+// The trace's events: the objects with a "ph" field (Kineto's "args" objects and the top level are not events).
+std::vector<TraceEvent> trace_events(const JsonCheck& json) {
+  std::vector<TraceEvent> events;
+  for (const auto& fields : json.objects) {
+    if (!fields.count("ph")) continue;
+    TraceEvent e;
+    e.ph = fields.at("ph");
+    e.name = fields.count("name") ? fields.at("name") : "";
+    e.pid = fields.count("pid") ? fields.at("pid") : "";
+    e.tid = fields.count("tid") ? fields.at("tid") : "";
+    e.ts = number_or_nan(fields, "ts");
+    e.dur = number_or_nan(fields, "dur");
+    events.push_back(e);
+  }
+  return events;
+}
+
+// The trace-event format's rules for complete events: "ph" "X", a name, numeric ts and dur >= 0, pid and tid;
+// and on each (pid, tid) the ranges nest by time (two ranges are disjoint or one holds the other). Returns the
+// first broken rule, or "" for none. `slack_us` absorbs the rounding of ts and dur to the microseconds written.
+std::string trace_format_problem(const std::vector<TraceEvent>& events, double slack_us = 0.0015) {
+  if (events.empty()) return "no events";
+  std::map<std::pair<std::string, std::string>, std::vector<TraceEvent>> tracks;
+  for (const auto& e : events) {
+    if (e.ph != "X") return "event '" + e.name + "' has ph '" + e.ph + "', not a complete event 'X'";
+    if (e.name.empty()) return "an event without a name";
+    if (std::isnan(e.ts) || std::isnan(e.dur)) return "event '" + e.name + "' lacks a numeric ts or dur";
+    if (e.dur < 0) return "event '" + e.name + "' has a negative dur";
+    if (e.pid.empty() || e.tid.empty()) return "event '" + e.name + "' lacks pid or tid";
+    tracks[{e.pid, e.tid}].push_back(e);
+  }
+  for (auto& track : tracks) {
+    auto& list = track.second;
+    std::stable_sort(list.begin(), list.end(), [](const TraceEvent& a, const TraceEvent& b) {
+      return a.ts != b.ts ? a.ts < b.ts : a.dur > b.dur;
+    });
+    std::vector<const TraceEvent*> open;
+    for (const auto& e : list) {
+      while (!open.empty() && open.back()->ts + open.back()->dur <= e.ts + slack_us) open.pop_back();
+      if (!open.empty() && e.ts + e.dur > open.back()->ts + open.back()->dur + slack_us) {
+        return "on pid " + track.first.first + " tid " + track.first.second + ", '" + e.name + "' starts inside '" +
+               open.back()->name + "' and ends after it";
+      }
+      open.push_back(&e);
+    }
+  }
+  return "";
+}
+
+// The trace's ranges are the profile's, in microseconds: the same names, starts and durations (to the
+// rounding of the written numbers). A trace in milliseconds (or nanoseconds) fails here.
+std::string trace_units_problem(std::vector<TraceEvent> written, const std::vector<prof::Event>& events,
+                                double slack_us = 0.0015) {
+  if (written.size() != events.size()) {
+    return "the trace has " + std::to_string(written.size()) + " events, the profile " + std::to_string(events.size());
+  }
+  std::vector<TraceEvent> expected;
+  for (const auto& e : events) {
+    TraceEvent t;
+    t.name = e.name;
+    t.ts = e.start_us;
+    t.dur = e.total_us();
+    expected.push_back(t);
+  }
+  auto order = [](const TraceEvent& a, const TraceEvent& b) {
+    if (a.ts != b.ts) return a.ts < b.ts;
+    if (a.dur != b.dur) return a.dur > b.dur;
+    return a.name < b.name;
+  };
+  std::stable_sort(written.begin(), written.end(), order);
+  std::stable_sort(expected.begin(), expected.end(), order);
+  for (size_t i = 0; i < written.size(); ++i) {
+    const auto& w = written[i];
+    const auto& x = expected[i];
+    if (w.name != x.name || std::fabs(w.ts - x.ts) > slack_us || std::fabs(w.dur - x.dur) > slack_us) {
+      return "trace event '" + w.name + "' ts " + std::to_string(w.ts) + " dur " + std::to_string(w.dur) +
+             " but the profile's '" + x.name + "' starts at " + std::to_string(x.ts) + " us and lasts " +
+             std::to_string(x.dur) + " us (ts and dur must be microseconds)";
+    }
+  }
+  return "";
+}
+
+std::vector<TraceEvent> on_pid(const std::vector<TraceEvent>& events, const std::string& pid) {
+  std::vector<TraceEvent> out;
+  for (const auto& e : events) {
+    if (e.pid == pid) out.push_back(e);
+  }
+  return out;
+}
+
+prof::Event made(const std::string& name, double start, double end, double self_device = 0, uint64_t thread = 1) {
+  prof::Event e;
+  e.name = name;
+  e.thread = thread;
+  e.start_us = start;
+  e.end_us = end;
+  e.self_device_us = self_device;
+  return e;
+}
+
 }  // namespace
 
 TEST_CASE("[step3] call counts are exact for a known workload") {
   const auto a = at::ones({16, 16});
   const auto profile = prof::profile_steps(3, [&] { known_step(a); });
+  MESSAGE("profiler backend: " << prof::profiler_backend()
+                               << std::string(prof::backend_can_save_trace() ? " (saves a trace of its own)" : ""));
   CHECK(profile.calls("phase:forward") == 3);
   CHECK(profile.calls("phase:backward") == 3);
   CHECK(profile.calls("custom") == 3);
@@ -338,4 +479,182 @@ TEST_CASE("[step3] a profiler destroyed while recording stops the recording") {
     at::ones({2}).sum();
   }
   CHECK_FALSE(prof::recording_active());
+}
+
+TEST_CASE("[step3] device time nests like host time, and the table sums both device columns") {
+  // forward [0, 100] holds linear [1, 50] (2 us of kernels of its own) holding mm [2, 40] (30 us), and relu.
+  std::vector<prof::Event> events{made("phase:forward", 0, 100), made("aten::linear", 1, 50, 2.0),
+                                  made("aten::mm", 2, 40, 30.0), made("aten::relu", 50, 60, 5.0)};
+  prof::attribute(events);
+  CHECK(events[2].device_us == doctest::Approx(30.0));
+  CHECK(events[1].device_us == doctest::Approx(32.0));  // its own 2 plus mm's 30
+  CHECK(events[3].device_us == doctest::Approx(5.0));
+  CHECK(events[0].device_us == doctest::Approx(37.0));  // nothing of its own: its children's
+  const prof::Profile profile(events);
+  REQUIRE(profile.has_device_time());
+  CHECK(profile.row("aten::linear").device_us == doctest::Approx(32.0));
+  CHECK(profile.row("aten::linear").self_device_us == doctest::Approx(2.0));
+  CHECK(profile.row("phase:forward").device_us == doctest::Approx(37.0));
+  CHECK(profile.row("phase:forward").self_device_us == doctest::Approx(0.0));
+  CHECK(profile.row("aten::mm").self_device_us == doctest::Approx(30.0));
+}
+
+TEST_CASE("[step3] with device time the table ranks by device time; without, by host time") {
+  // On a GPU a launch-bound op holds the host long while its kernels are short; a heavy op returns at once.
+  const std::vector<prof::Event> gpu{made("aten::launchy", 0, 90, 1.0), made("aten::heavy", 90, 100, 500.0)};
+  const auto gpu_rows = prof::Profile(gpu).table();
+  REQUIRE(gpu_rows.size() == 2);
+  CHECK(gpu_rows[0].name == "aten::heavy");
+  CHECK(gpu_rows[0].device_us == doctest::Approx(500.0));
+  const std::vector<prof::Event> cpu{made("aten::launchy", 0, 90), made("aten::heavy", 90, 100)};
+  const auto cpu_rows = prof::Profile(cpu).table();
+  REQUIRE(cpu_rows.size() == 2);
+  CHECK(cpu_rows[0].name == "aten::launchy");
+  CHECK_FALSE(prof::Profile(cpu).has_device_time());
+}
+
+TEST_CASE("[step3] the trace obeys the trace-event format: complete events in microseconds, pid/tid, nested") {
+  const auto a = at::ones({16, 16});
+  const auto profile = prof::profile_steps(2, [&] { known_step(a); });
+  const std::string path = temp_path("lesson3_format.json");
+  profile.write_chrome_trace(path);
+  JsonCheck json(read_file(path));
+  REQUIRE(json.valid());
+  const auto events = trace_events(json);
+  const std::string format = trace_format_problem(events);
+  CAPTURE(format);
+  CHECK(format.empty());
+  const std::string units = trace_units_problem(on_pid(events, "0"), profile.events());
+  CAPTURE(units);
+  CHECK(units.empty());
+
+  // The rules themselves: the same trace in milliseconds, a range crossing its parent's end, an instant event.
+  auto in_ms = on_pid(events, "0");
+  for (auto& e : in_ms) e.ts /= 1000.0, e.dur /= 1000.0;
+  CHECK_FALSE(trace_units_problem(in_ms, profile.events()).empty());
+  auto crossing = in_ms;
+  crossing.resize(2);
+  crossing[0] = {"parent", "X", "0", "1", 0.0, 10.0};
+  crossing[1] = {"child", "X", "0", "1", 5.0, 10.0};
+  CHECK(trace_format_problem(crossing).find("ends after it") != std::string::npos);
+  crossing[1].tid = "2";  // on another thread: no nesting between them
+  CHECK(trace_format_problem(crossing).empty());
+  crossing[1].ph = "i";
+  CHECK_FALSE(trace_format_problem(crossing).empty());
+}
+
+TEST_CASE("[step3] kernels go to the trace on the device's track (pid 1, one tid per stream)") {
+  std::vector<prof::Event> events{made("phase:forward", 0, 100), made("aten::mm", 10, 20, 70.0)};
+  std::vector<prof::Kernel> kernels(2);
+  kernels[0] = {"gemm_kernel", 0, 7, 15.0, 60.0, 1};
+  kernels[1] = {"gemm_kernel", 0, 7, 60.0, 85.0, 1};
+  const prof::Profile profile(events, kernels);
+  const std::string path = temp_path("lesson3_kernels.json");
+  profile.write_chrome_trace(path);
+  JsonCheck json(read_file(path));
+  REQUIRE(json.valid());
+  const auto written = trace_events(json);
+  CHECK(trace_format_problem(written).empty());
+  const auto device = on_pid(written, "1");
+  REQUIRE(device.size() == 2);
+  for (size_t i = 0; i < device.size(); ++i) {
+    CHECK(device[i].name == "gemm_kernel");
+    CHECK(device[i].tid == "7");
+    CHECK(device[i].ts == doctest::Approx(kernels[i].start_us));
+    CHECK(device[i].dur == doctest::Approx(kernels[i].end_us - kernels[i].start_us));
+  }
+  CHECK(on_pid(written, "0").size() == 2);
+}
+
+TEST_CASE("[step3] the trace's op ranges agree with the backend's own trace of the same run (Kineto)") {
+  const auto a = at::ones({64, 64});
+  const auto profile = prof::profile_steps(2, [&] { known_step(a); });
+  const std::string ours = temp_path("lesson3_ours.json");
+  profile.write_chrome_trace(ours);
+  JsonCheck our_json(read_file(ours));
+  REQUIRE(our_json.valid());
+  if (!prof::backend_can_save_trace()) {
+    MESSAGE("backend " << prof::profiler_backend() << " writes no trace of its own: nothing to compare with");
+    CHECK_THROWS_AS(prof::save_backend_trace(temp_path("lesson3_backend.json")), c10::Error);
+    return;
+  }
+  const std::string theirs = temp_path("lesson3_kineto.json");
+  prof::save_backend_trace(theirs);
+  JsonCheck kineto_json(read_file(theirs));
+  REQUIRE(kineto_json.valid());
+  // Per name, the i-th range of ours and of Kineto's: the same duration and the same start after one offset.
+  std::map<std::string, std::vector<TraceEvent>> mine, kinetos;
+  for (const auto& e : on_pid(trace_events(our_json), "0")) mine[e.name].push_back(e);
+  for (const auto& e : trace_events(kineto_json)) {
+    if (e.ph == "X" && mine.count(e.name)) kinetos[e.name].push_back(e);
+  }
+  auto by_ts = [](const TraceEvent& x, const TraceEvent& y) { return x.ts < y.ts; };
+  REQUIRE(kinetos.count("phase:forward"));
+  for (auto* m : {&mine, &kinetos}) {
+    for (auto& entry : *m) std::stable_sort(entry.second.begin(), entry.second.end(), by_ts);
+  }
+  const double offset = kinetos["phase:forward"][0].ts - mine["phase:forward"][0].ts;
+  int compared = 0;
+  for (const char* name : {"phase:forward", "phase:backward", "custom", "aten::mm", "aten::add", "aten::sub"}) {
+    CAPTURE(name);
+    REQUIRE(mine[name].size() == kinetos[name].size());
+    for (size_t i = 0; i < mine[name].size(); ++i) {
+      CAPTURE(i);
+      CHECK(std::fabs(mine[name][i].dur - kinetos[name][i].dur) <= 1.0);
+      CHECK(std::fabs(mine[name][i].ts + offset - kinetos[name][i].ts) <= 1.0);
+      ++compared;
+    }
+  }
+  CHECK(compared == 2 * (2 + 1 + 2 + 1 + 1));
+}
+
+TEST_CASE("[step3] the table's bytes column counts what each op allocated, as lesson 4's meter does") {
+  const auto a = at::ones({64, 64});
+  at::Tensor x, y;
+  int64_t mm_bytes = 0, all_bytes = 0;
+  {
+    workshop::MemoryMeter meter;
+    x = at::mm(a, a);
+    mm_bytes = meter.current_bytes();
+    y = at::add(x, a);
+    all_bytes = meter.current_bytes();
+  }
+  REQUIRE(mm_bytes == 64 * 64 * 4);
+  x = y = at::Tensor();
+  at::Tensor z;
+  prof::Profiler profiler;
+  profiler.start();
+  x = at::mm(a, a);
+  y = at::add(x, a);
+  z = at::mm(a, a);  // a second call: the row adds both
+  const auto profile = profiler.stop();
+  REQUIRE(profile.calls("aten::mm") == 2);
+  CHECK(profile.row("aten::mm").bytes == 2 * mm_bytes);
+  int64_t sum = 0;
+  for (const auto& row : profile.table()) sum += row.bytes;
+  CHECK(sum == all_bytes + mm_bytes);
+}
+
+GPU_TEST_CASE("[step3] GPU: kernels appear, each linked to its op, and the table ranks by device time") {
+  const auto a = at::ones({512, 512}, at::TensorOptions().device(c10::Device(c10::kCUDA, 0)));
+  const auto profile = prof::profile_steps(2, [&] {
+    prof::ScopedRange range(prof::Phase::kForward);
+    at::mm(a, a);
+  });
+  MESSAGE("profiler backend on the GPU: " << prof::profiler_backend() << ", " << profile.kernels().size()
+                                          << " device activities");
+  REQUIRE(profile.has_device_time());
+  CHECK(profile.row("aten::mm").device_us > 0);
+  CHECK(profile.row("phase:forward").device_us >= profile.row("aten::mm").device_us);
+  if (prof::profiler_backend() == "kineto") {
+    REQUIRE(!profile.kernels().empty());
+    int linked_to_mm = 0;
+    for (const auto& k : profile.kernels()) {
+      if (k.op < 0) continue;
+      int64_t op = k.op;
+      while (op >= 0 && profile.events()[op].name != "aten::mm") op = profile.events()[op].parent;
+      linked_to_mm += op >= 0;
+    }
+    CHECK(linked_to_mm >= 2);  // one gemm per step at least
+  }
 }

@@ -4,7 +4,9 @@
 // The oracle is LibTorch's own torch::optim::AdamW, and the one-op-at-a-time step of given.cc that follows it.
 #include "tests/torch_doctest.h"
 
-#include <dlfcn.h>  // dlsym(RTLD_NEXT, ...): the OpenMP runtime's GOMP_parallel, behind the counter below
+#include <dlfcn.h>     // dlsym(RTLD_NEXT, ...): the OpenMP runtime's GOMP_parallel, behind the counter below
+#include <sys/mman.h>  // mmap, mprotect: tensors that end at an inaccessible page (guarded_copy below)
+#include <unistd.h>    // sysconf(_SC_PAGESIZE)
 
 #include <atomic>
 #include <cmath>
@@ -15,6 +17,8 @@
 #include <vector>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/StreamGuard.h>            // the GPU cases: a non-default current stream, without CUDA headers
+#include <c10/core/impl/VirtualGuardImpl.h>  // (the device-generic stream API: builds where LibTorch has no CUDA)
 #include <torch/torch.h>
 
 #include "lesson6_fusion/fused_adamw.h"
@@ -139,6 +143,35 @@ bool regions_are_counted() {
   return parallel_regions([&] { x.add_(1); }) > 0;
 }
 
+// A copy of `values` whose last byte is the last one before a page that may be neither read nor written: a kernel
+// that reads or writes even one element past the end of the tensor crashes at that access (SIGSEGV), in every
+// build. (Heap memory has no such wall: a read past the end returns whatever lies there and a write corrupts it
+// silently, or much later.) With --config=asan the report also names the line.
+torch::Tensor guarded_copy(const torch::Tensor& values) {
+  const size_t bytes = values.nbytes();
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t body = (bytes + page - 1) / page * page;
+  const size_t length = body + page;
+  void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(base != MAP_FAILED);
+  char* wall = static_cast<char*>(base) + body;
+  REQUIRE(mprotect(wall, page, PROT_NONE) == 0);
+  torch::Tensor out = torch::from_blob(
+      wall - bytes, values.sizes(), [base, length](void*) { munmap(base, length); }, values.options());
+  out.copy_(values);
+  return out;
+}
+
+// The sizes whose tails a kernel may get wrong: every remainder after full vectors of 8 float lanes (AVX2's
+// Vectorized<float>::size()) and after packs of 4, small tensors, and tensors one piece (32768 elements) and a few
+// more long.
+std::vector<int64_t> tail_sizes() {
+  std::vector<int64_t> sizes;
+  for (int64_t n = 1; n <= 17; ++n) sizes.push_back(n);
+  for (int64_t r : {1, 5, 7}) sizes.push_back(32768 + r);
+  return sizes;
+}
+
 }  // namespace
 
 extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags) {
@@ -162,6 +195,10 @@ TEST_CASE("[step1] one fused pass reads 4 tensors and writes 3: 7 x numel x 4 by
   const fusion::Traffic bf16 = fusion::fused_adamw_traffic(1000, torch::kBFloat16);
   CHECK(bf16.bytes_read == 12 * 1000);
   CHECK(bf16.bytes_written == 10 * 1000);
+  // float16 is 2 bytes too (c10::elementSize): a napkin that knows only bfloat16 as 16-bit counts it as 4.
+  const fusion::Traffic f16 = fusion::fused_adamw_traffic(1000, torch::kHalf);
+  CHECK(f16.bytes_read == 12 * 1000);
+  CHECK(f16.bytes_written == 10 * 1000);
   CHECK(fusion::fused_adamw_traffic(0, torch::kFloat).total() == 0);
 }
 
@@ -179,6 +216,8 @@ TEST_CASE("[step1] torch::optim::AdamW's step reads 14 and writes 9 tensors in 9
   CHECK(plain.temporary_bytes == 2 * t);
   // The state has the parameter's dtype in torch::optim::AdamW: a bfloat16 parameter halves every figure.
   CHECK(fusion::unfused_adamw_traffic(n, torch::kBFloat16, true).total() == 23 * n * 2);
+  CHECK(fusion::unfused_adamw_traffic(n, torch::kHalf, true).total() == 23 * n * 2);
+  CHECK(fusion::unfused_adamw_traffic(n, torch::kDouble, true).total() == 23 * n * 8);
   // The point of the lesson: 23 tensor passes' worth of bytes against 7.
   CHECK(static_cast<double>(decayed.total()) / fusion::fused_adamw_traffic(n, torch::kFloat).total() ==
         doctest::Approx(23.0 / 7.0));
@@ -298,6 +337,33 @@ TEST_CASE("[step2] every element is updated, also in the last partial vector and
     CHECK(worst.exp_avg_sq <= kFloatTolerance);
     // Each element moved.
     CHECK(fused.param.ne(start).all().item<bool>());
+  }
+}
+
+TEST_CASE("[step2] nothing past a tensor's end is read or written: every tail, every dtype, tensors against a wall") {
+  // Each of the four tensors ends where an inaccessible page begins: a last vector loaded or stored whole, or a
+  // 16-bit conversion loop that runs over all the lanes, crashes the binary here (SIGSEGV, the case named above
+  // it in the log). The results must also be those of the same kernel on ordinary tensors.
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int64_t n : tail_sizes()) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(n);
+      torch::manual_seed(n);
+      State plain = make_state(torch::randn({n}).to(dtype));
+      plain.exp_avg = torch::rand({n});
+      plain.exp_avg_sq = torch::rand({n});
+      const torch::Tensor grad = torch::randn({n}).to(dtype);
+      State walled;
+      walled.param = guarded_copy(plain.param);
+      walled.exp_avg = guarded_copy(plain.exp_avg);
+      walled.exp_avg_sq = guarded_copy(plain.exp_avg_sq);
+      fusion::adamw_kernel_cpu(walled.param, guarded_copy(grad), walled.exp_avg, walled.exp_avg_sq, hyper, 3);
+      fusion::adamw_kernel_cpu(plain.param, grad, plain.exp_avg, plain.exp_avg_sq, hyper, 3);
+      CHECK(torch::equal(walled.param, plain.param));
+      CHECK(torch::equal(walled.exp_avg, plain.exp_avg));
+      CHECK(torch::equal(walled.exp_avg_sq, plain.exp_avg_sq));
+    }
   }
 }
 
@@ -484,7 +550,14 @@ TEST_CASE("[step3] each bad input gives its named error") {
   SUBCASE("devices") {
     // A meta tensor stands in for another device (this check needs no GPU); the kernel is called directly,
     // because the dispatcher would route a meta argument to a (missing) meta kernel.
+    // Each of the four in turn on the other device: a rule that compares only one tensor with param misses two.
     const torch::Tensor meta = torch::empty({n}, torch::TensorOptions().device(c10::kMeta));
+    CHECK_THROWS_WITH_AS(fusion::check_adamw_args(meta, grad, s.exp_avg, s.exp_avg_sq, good, 1),
+                         Contains("all tensors must be on one device"), c10::Error);
+    CHECK_THROWS_WITH_AS(fusion::check_adamw_args(s.param, meta, s.exp_avg, s.exp_avg_sq, good, 1),
+                         Contains("all tensors must be on one device"), c10::Error);
+    CHECK_THROWS_WITH_AS(fusion::check_adamw_args(s.param, grad, meta, s.exp_avg_sq, good, 1),
+                         Contains("all tensors must be on one device"), c10::Error);
     CHECK_THROWS_WITH_AS(fusion::check_adamw_args(s.param, grad, s.exp_avg, meta, good, 1),
                          Contains("all tensors must be on one device"), c10::Error);
   }
@@ -668,6 +741,36 @@ TEST_CASE("[step4] on 4 ATen threads the whole list is one parallel region, with
     CHECK(regions == 1);
   } else {
     MESSAGE("parallel regions are not counted here (no OpenMP in this LibTorch)");
+  }
+}
+
+TEST_CASE("[step4] nothing past a tensor's end is read or written: a list of every tail and dtype against walls") {
+  // Every tensor of the list ends at an inaccessible page (guarded_copy): pieces that span tensors must stop
+  // at each tensor's own end.
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  Lists walled, plain;
+  torch::manual_seed(14);
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int64_t n : tail_sizes()) {
+      plain.params.push_back(torch::randn({n}).to(dtype));
+      plain.grads.push_back(torch::randn({n}).to(dtype));
+      plain.exp_avgs.push_back(torch::rand({n}));
+      plain.exp_avg_sqs.push_back(torch::rand({n}));
+      walled.params.push_back(guarded_copy(plain.params.back()));
+      walled.grads.push_back(guarded_copy(plain.grads.back()));
+      walled.exp_avgs.push_back(guarded_copy(plain.exp_avgs.back()));
+      walled.exp_avg_sqs.push_back(guarded_copy(plain.exp_avg_sqs.back()));
+    }
+  }
+  fusion::fused_adamw_multi_(walled.params, walled.grads, walled.exp_avgs, walled.exp_avg_sqs, hyper, 2);
+  for (size_t i = 0; i < plain.params.size(); ++i) {
+    fusion::fused_adamw_(plain.params[i], plain.grads[i], plain.exp_avgs[i], plain.exp_avg_sqs[i], hyper, 2);
+  }
+  for (size_t i = 0; i < plain.params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(walled.params[i], plain.params[i]));
+    CHECK(torch::equal(walled.exp_avgs[i], plain.exp_avgs[i]));
+    CHECK(torch::equal(walled.exp_avg_sqs[i], plain.exp_avg_sqs[i]));
   }
 }
 
@@ -905,6 +1008,28 @@ TEST_CASE("[step5] lesson 1's GradScaler, auto and fused, unscales float64 gradi
     CHECK(stepped[p] == stepped[2]);
     CHECK(torch::equal(params[p][0], params[2][0]));
     CHECK(torch::equal(params[p][1], params[2][1]));
+  }
+}
+
+TEST_CASE("[step5] nothing past a gradient's end is read or written: every tail and dtype against walls") {
+  // Every gradient ends at an inaccessible page (guarded_copy). A 16-bit tail read whole would also see
+  // whatever lies past the end, and could set found_inf from it.
+  std::vector<torch::Tensor> plain;
+  torch::manual_seed(15);
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int64_t n : tail_sizes()) plain.push_back((torch::randn({n}) * 1024).to(dtype));
+  }
+  for (float inv : {0.5f, 1.0f}) {
+    CAPTURE(inv);
+    std::vector<torch::Tensor> walled;
+    for (const torch::Tensor& g : plain) walled.push_back(guarded_copy(g));
+    torch::Tensor found_inf = torch::zeros({1});
+    fusion::fused_unscale_(walled, found_inf, torch::full({1}, inv));
+    CHECK(found_inf.item<float>() == 0.0f);
+    for (size_t i = 0; i < plain.size(); ++i) {
+      CAPTURE(i);
+      CHECK(torch::equal(walled[i], (plain[i].to(torch::kFloat) * inv).to(plain[i].scalar_type())));
+    }
   }
 }
 
@@ -1267,6 +1392,53 @@ GPU_TEST_CASE("[step6] CUDA: every size and alignment gives the CPU operator's r
         }
       }
     }
+  }
+}
+
+GPU_TEST_CASE("[step6] CUDA: the kernels run on the current stream, also when it is not the default one") {
+  // A stream from LibTorch's pool does not wait for the default stream, nor the default stream for it. Work is
+  // queued on it (a chain of matmuls that keeps the GPU busy, then the gradients written), then the operators are
+  // called with it current. A kernel launched on the default stream (a launch with no stream, or stream 0) would
+  // start at once and read the zeros still in the gradients: its results would be those of a zero gradient.
+  require_cuda_kernels();
+  const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  const c10::Stream side = impl.getStreamFromGlobalPool(kCuda);
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  const int64_t n = (1 << 22) + 3;
+  torch::manual_seed(8);
+  const torch::Tensor grad_cpu = torch::randn({n});
+  const std::vector<torch::Tensor> scaled = scaled_grads(24);
+  State cpu = make_state(torch::randn({n}));
+  State gpu = on_device(cpu, kCuda);
+  const torch::Tensor grad_src = grad_cpu.to(kCuda);
+  std::vector<torch::Tensor> scaled_src, scaled_gpu;
+  for (const torch::Tensor& g : scaled) {
+    scaled_src.push_back(g.to(kCuda));
+    scaled_gpu.push_back(torch::zeros_like(scaled_src.back()));
+  }
+  torch::Tensor grad = torch::zeros({n}, kCuda);
+  torch::Tensor busy = torch::randn({2048, 2048}, kCuda);
+  torch::Tensor found_inf = torch::zeros({1}, kCuda);
+  const torch::Tensor inv_scale = torch::full({1}, 1.0f / 1024, kCuda);
+  torch::cuda::synchronize();
+  {
+    const c10::StreamGuard on_side(side);
+    REQUIRE(impl.getStream(kCuda) == side);
+    for (int i = 0; i < 30; ++i) busy = torch::mm(busy, busy).div_(64);  // tens of ms of queued work
+    grad.copy_(grad_src);
+    for (size_t i = 0; i < scaled.size(); ++i) scaled_gpu[i].copy_(scaled_src[i]);
+    fusion::fused_adamw_(gpu.param, grad, gpu.exp_avg, gpu.exp_avg_sq, hyper, 1);
+    fusion::fused_unscale_(scaled_gpu, found_inf, inv_scale);
+  }
+  impl.synchronizeStream(side);
+  fusion::fused_adamw_(cpu.param, grad_cpu, cpu.exp_avg, cpu.exp_avg_sq, hyper, 1);
+  CHECK(rel_error({gpu.exp_avg.cpu()}, {cpu.exp_avg}) <= 1e-5);
+  CHECK(rel_error({gpu.exp_avg_sq.cpu()}, {cpu.exp_avg_sq}) <= 1e-5);
+  CHECK(rel_error({gpu.param.cpu()}, {cpu.param}) <= 1e-6);
+  CHECK(found_inf.item<float>() == 0.0f);
+  for (size_t i = 0; i < scaled.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(scaled_gpu[i].cpu(), (scaled[i].to(torch::kFloat) / 1024).to(scaled[i].scalar_type())));
   }
 }
 

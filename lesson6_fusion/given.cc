@@ -12,11 +12,25 @@
 
 namespace fusion {
 
+namespace {
+
+// The operator `name`, which the lesson's step `step` registers; a clear error naming that step while it is not
+// registered (the dispatcher's own message names only the operator).
+c10::OperatorHandle find_operator(const char* name, int step) {
+  const c10::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(c10::OperatorName(name, ""));
+  TORCH_CHECK(
+      op.has_value(), "Could not find schema for ", name, ": the operator is not registered yet. Step ", step,
+      " of lesson 6 registers it (its TORCH_LIBRARY / TORCH_LIBRARY_FRAGMENT in lesson6_fusion/fused_adamw.cc); ",
+      "`bazel run //lesson6_fusion:demo` runs the reference solution");
+  return *op;
+}
+
+}  // namespace
+
 void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                   const AdamWHyper& hyper, int64_t step) {
   // Found once, by name; typed<> checks the C++ signature against the registered schema.
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow(kOpName, "")
+  static const auto op = find_operator(kOpName, 3)
                              .typed<void(at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, double, double,
                                          double, double, double, int64_t)>();
   at::NoGradGuard no_grad;  // an optimizer step is not part of the autograd graph (parameters are leaves)
@@ -26,8 +40,7 @@ void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
 void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                         const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                         const AdamWHyper& hyper, int64_t step) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow(kMultiOpName, "")
+  static const auto op = find_operator(kMultiOpName, 4)
                              .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList, double, double,
                                          double, double, double, int64_t)>();
   // With no tensor at all the dispatcher has nothing to choose a backend (CPU, CUDA) from: nothing to do anyway.
@@ -38,9 +51,7 @@ void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector
 }
 
 void fused_unscale_(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow(kUnscaleOpName, "")
-                             .typed<void(at::TensorList, at::Tensor&, const at::Tensor&)>();
+  static const auto op = find_operator(kUnscaleOpName, 5).typed<void(at::TensorList, at::Tensor&, const at::Tensor&)>();
   at::NoGradGuard no_grad;
   op.call(grads, found_inf, inv_scale);
 }

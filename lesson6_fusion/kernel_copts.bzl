@@ -38,20 +38,28 @@ GRID_COPTS = [
     "-Wno-unknown-pragmas",
 ]
 
-def fusion_library(name, cc, cu):
-    """The library `name`: the C++ file `cc` (steps 1-6) and the CUDA file `cu` (step 6). Where LibTorch has CUDA
-    and nvcc was found, nvcc compiles `cu` (its kernels then run on the GPU and on the CPU grid) and the given code
-    that registers them joins the library; elsewhere the host compiler compiles a copy of `cu` named .cc, through
-    grid.h's shim (its kernels run on the CPU grid only).
+def fusion_library(name, srcs, deps):
+    """The library `name` from `srcs` (tools/lesson_package.bzl passes the lesson's files: the C++ file of steps
+    1-6, the CUDA file of step 6, then the given C++ files) and `deps` (the lesson's headers and LibTorch).
+
+    Where LibTorch has CUDA and nvcc was found, nvcc compiles the .cu (its kernels then run on the GPU and on the
+    CPU grid) and the given *_cuda.cc, which registers them, joins the library; elsewhere the host compiler compiles
+    a copy of the .cu named .cc, through grid.h's shim (its kernels run on the CPU grid only), and *_cuda.cc stays
+    out.
 
     alwayslink: the operators' registrations (TORCH_LIBRARY) are static objects that nothing refers to by name;
     without it the linker may drop the object file and the dispatcher never sees the operators.
     """
-    srcs = [cc]
+    cus = [f for f in srcs if f.endswith(".cu")]
+    if len(cus) != 1:
+        fail("fusion_library %s: one .cu file in srcs, not %s" % (name, cus))
+    cu = cus[0]
+    cuda_given = [f for f in srcs if f.endswith("_cuda.cc")]
+    cc = [f for f in srcs if f.endswith(".cc") and f not in cuda_given]
     kernel_headers = ["//lesson6_fusion:grid.h", "//lesson6_fusion:kernel_api.h"]
     if CUDA_KERNELS:
         cuda_object(name = name + "_cuda", src = cu, hdrs = kernel_headers)
-        srcs += [":" + name + "_cuda", "//lesson6_fusion:given_cuda.cc"]
+        cc += [":" + name + "_cuda"] + cuda_given
     else:
         native.genrule(
             name = name + "_grid_src",
@@ -63,20 +71,13 @@ def fusion_library(name, cc, cu):
             name = name + "_grid",
             srcs = [":" + name + "_grid_src"],
             copts = LEARNER_COPTS + GRID_COPTS,
-            deps = [
-                "//lesson6_fusion:headers",
-                "@libtorch",
-            ],
+            deps = deps,
         )
     native.cc_library(
         name = name,
-        srcs = srcs,
+        srcs = cc,
         copts = LEARNER_COPTS + KERNEL_COPTS,
         linkopts = CUDA_LINKOPTS + ["-fopenmp"],  # libgomp, the OpenMP runtime LibTorch itself uses
         alwayslink = True,
-        deps = [
-            "//lesson6_fusion:given",
-            "//lesson6_fusion:headers",
-            "@libtorch",
-        ] + ([] if CUDA_KERNELS else [":" + name + "_grid"]),
+        deps = deps + ([] if CUDA_KERNELS else [":" + name + "_grid"]),
     )

@@ -1,7 +1,10 @@
 // The single doctest main of the repository. Before running, it names the device and lists the GPU-only test
 // cases that will be skipped here, with the reason (once), so a green run on a CPU machine never hides them.
 // A run whose filters select no test case at all fails: `--test-case='*step[45]*'` (doctest knows only the
-// wildcards * and ?) must not look like a pass.
+// wildcards * and ?) must not look like a pass. Each test case's name is printed, and standard output flushed, as
+// the case starts ("[workshop] case: ..."): a check that crashes the binary (an out-of-bounds write that glibc
+// notices as "corrupted double-linked list", a segfault) leaves the banner and the name of the running case in the
+// log, where doctest's own report of the crash may never be written.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "tests/torch_doctest.h"
 
@@ -34,6 +37,7 @@ unsigned g_selected = 0;
 unsigned g_gpu_started = 0;
 unsigned g_gpu_failed = 0;
 bool g_in_gpu_case = false;
+bool g_announce_cases = false;  // off for queries and XML/JUnit output, which must stay machine-readable
 
 struct SelectionListener : public doctest::IReporter {
   explicit SelectionListener(const doctest::ContextOptions&) {}
@@ -45,6 +49,8 @@ struct SelectionListener : public doctest::IReporter {
   void test_case_start(const doctest::TestCaseData& test) override {
     g_in_gpu_case = std::strcmp(test.m_test_suite, "gpu") == 0;
     if (g_in_gpu_case) ++g_gpu_started;
+    // Flushed now: if the case crashes the process, whatever is still buffered is lost.
+    if (g_announce_cases) std::cout << "[workshop] case: " << test.m_name << std::endl;
   }
   void test_case_reenter(const doctest::TestCaseData&) override {}
   void test_case_end(const doctest::CurrentTestCaseStats& stats) override {
@@ -107,6 +113,8 @@ int main(int argc, char** argv) {
                 << " GPU case(s) SKIPPED here: " << workshop::testing::gpu_skip_reason() << "\n";
       for (const char* name : gpu_cases) std::cout << "           - " << name << "\n";
     }
+    std::cout << std::flush;  // the banner survives a crash in the first check
+    g_announce_cases = true;
   }
 
   doctest::Context context;

@@ -9,17 +9,20 @@ It fails on
   - a lesson folder (lessonN_*) or solution folder the manifest does not have, numbers that are not 1..N in order,
     a folder not called lesson<number>_*;
   - a lesson without one of its parts: README.md with {#lessonN}, BUILD, demo.cc, a learner file, a header, a
-    check source, its `tests` targets in both BUILD files, a bench case file, a mutants module whose MUTANTS
-    patch only that lesson's solution;
-  - a list of lessons elsewhere that disagrees: the README's numbered course list, the bench's case table
-    (bench/main.cc), the bench case files (bench/lessonN.cc), the mutants modules (tools/mutants/lessonN.py).
+    check source, its `tests` targets in both BUILD files, a bench case in its solution folder that registers
+    itself as "lN", a mutants module there whose MUTANTS patch only that lesson's solution;
+  - a list of lessons elsewhere that disagrees: the README's numbered course list (every lesson that is not a
+    draft, and no other), a bench case file or mutants module left in the old places (bench/lessonN.cc,
+    tools/mutants/lessonN.py), a case registered for a lesson the manifest lacks.
 Every problem is printed; exit status 1 if there is any.
 """
 import argparse
 import ast
 import os
 import re
+import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 import manifest  # noqa: E402
@@ -58,6 +61,22 @@ def mutant_files(path):
     return files
 
 
+def copy_of_workspace(root):
+    """A temporary copy of what the course check reads (README.md, bench/, the manifest, tools/mutants/, every
+    lesson and solution folder), for tests that plant a defect or scaffold a lesson in it. The caller removes it."""
+    work = tempfile.mkdtemp(prefix="course_check-")
+    shutil.copy(os.path.join(root, "README.md"), work)
+    shutil.copytree(os.path.join(root, "bench"), os.path.join(work, "bench"))
+    os.makedirs(os.path.join(work, "tools"))
+    shutil.copy(os.path.join(root, "tools", "lessons.bzl"), os.path.join(work, "tools"))
+    shutil.copytree(os.path.join(root, "tools", "mutants"), os.path.join(work, "tools", "mutants"))
+    os.makedirs(os.path.join(work, "solutions"))
+    for lesson in manifest.load(os.path.join(root, "tools", "lessons.bzl")):
+        shutil.copytree(os.path.join(root, lesson.dir), os.path.join(work, lesson.dir))
+        shutil.copytree(os.path.join(root, "solutions", lesson.dir), os.path.join(work, "solutions", lesson.dir))
+    return work
+
+
 def check(root):
     problems = []
     lessons = manifest.load(os.path.join(root, "tools", "lessons.bzl"))
@@ -72,7 +91,6 @@ def check(root):
                     os.path.join(top, name), root)))
 
     readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
-    bench_main = open(os.path.join(root, "bench", "main.cc"), encoding="utf-8").read()
     for lesson in lessons:
         n, d = lesson.number, lesson.dir
         where = "lesson %d (%s)" % (n, d)
@@ -90,7 +108,7 @@ def check(root):
         # Every file named, every file there.
         named = set(PARTS) | set(lesson.learner) | set(lesson.headers) | set(lesson.checks) | set(lesson.given) \
             | set(lesson.extra)
-        named_solution = {"BUILD"} | set(lesson.learner) | set(lesson.solution_extra)
+        named_solution = {"BUILD", lesson.bench, lesson.mutants} | set(lesson.learner) | set(lesson.solution_extra)
         for folder, expected, shown in ((lesson_dir, named, d), (solution_dir, named_solution, "solutions/" + d)):
             present = files_under(folder)
             for f in sorted(present - expected):
@@ -102,53 +120,61 @@ def check(root):
         page = os.path.join(lesson_dir, "README.md")
         if os.path.exists(page) and "{#lesson%d}" % n not in open(page, encoding="utf-8").read():
             problems.append("%s/README.md has no {#lesson%d} anchor" % (d, n))
-        for folder, shown in ((lesson_dir, d), (solution_dir, "solutions/" + d)):
+        # Both BUILD files are written from the manifest (tools/lesson_package.bzl), for this lesson's number.
+        for folder, shown, macro in ((lesson_dir, d, "lesson_package"), (solution_dir, "solutions/" + d,
+                                                                          "solution_package")):
             build_path = os.path.join(folder, "BUILD")
             build = open(build_path, encoding="utf-8").read() if os.path.exists(build_path) else ""
-            for test in lesson.tests:
-                if not re.search(r'name = "%s"' % re.escape(test), build) and \
-                        not re.search(r'\b%s\b' % re.escape(test), build):
-                    problems.append("%s/BUILD does not define the check target %s named in the manifest" % (
-                        shown, test))
-        for f in lesson.checks:
-            build_path = os.path.join(lesson_dir, "BUILD")
-            if os.path.exists(build_path) and f not in open(build_path, encoding="utf-8").read():
-                problems.append("%s/BUILD does not build the check source %s" % (d, f))
-
-        # The other lists of lessons.
-        bench = os.path.join(root, "bench", lesson.bench)
+            if not re.search(r"^%s\(\s*%d\b" % (macro, n), build, re.M):
+                problems.append("%s/BUILD does not call %s(%d) (tools/lesson_package.bzl)" % (shown, macro, n))
+        for test in lesson.tests:
+            if test + ".cc" not in lesson.checks:
+                problems.append("%s: the check target %s has no %s.cc in `checks`" % (where, test, test))
+        # The bench case and the mutants module, in the solution's folder.
+        bench = os.path.join(solution_dir, lesson.bench)
         if not os.path.exists(bench):
-            problems.append("%s: its bench case bench/%s is missing" % (where, lesson.bench))
-        if not re.search(r'\{"l%d",\s*bench::lesson%d\b' % (n, n), bench_main):
-            problems.append("%s: bench/main.cc's case table has no {\"l%d\", bench::lesson%d}" % (where, n, n))
-        module = os.path.join(root, "tools", "mutants", lesson.mutants)
+            problems.append("%s: its bench case solutions/%s/%s is missing" % (where, d, lesson.bench))
+        elif not re.search(r'\bRegistered\s+\w+\(\s*%d\s*,\s*(?:bench::)?Case\{"l%d",' % (n, n),
+                           open(bench, encoding="utf-8").read()):
+            problems.append('%s: solutions/%s/%s does not register its case (const bench::Registered '
+                            'registered(%d, bench::Case{"l%d", ...}))' % (where, d, lesson.bench, n, n))
+        module = os.path.join(solution_dir, lesson.mutants)
+        shown_module = "solutions/%s/%s" % (d, lesson.mutants)
         if not os.path.exists(module):
-            problems.append("%s: its mutants module tools/mutants/%s is missing" % (where, lesson.mutants))
+            problems.append("%s: its mutants module %s is missing" % (where, shown_module))
         else:
             files = mutant_files(module)
             if not files:
-                problems.append("tools/mutants/%s has no MUTANTS" % lesson.mutants)
+                problems.append("%s has no MUTANTS" % shown_module)
             for f in sorted(set(files)):
                 if not f.startswith("solutions/%s/" % d):
-                    problems.append("tools/mutants/%s patches %s, outside solutions/%s/" % (lesson.mutants, f, d))
+                    problems.append("%s patches %s, outside solutions/%s/" % (shown_module, f, d))
+        if getattr(lesson, "draft", False):
+            continue  # a draft is not in the README's course list yet
         # An item may go on over indented lines.
         if not re.search(r"^%d\. \*\*%s\*\*(?:[^\n]|\n(?=[ \t]))*`%s/`" % (n, re.escape(lesson.title), re.escape(d)),
                          readme, re.M):
             problems.append("README.md's course list has no line '%d. **%s** ... (`%s/`...)'" % (n, lesson.title, d))
 
-    # Lists outside the manifest that must not name a lesson it lacks.
+    # Lists outside the manifest that must not name a lesson it lacks (or a draft), and the old places.
+    published = len([l for l in lessons if not getattr(l, "draft", False)])
     for line in re.findall(r"^(\d+)\. \*\*", readme, re.M):
-        if int(line) > len(lessons):
-            problems.append("README.md's course list has a lesson %s; the manifest has %d" % (line, len(lessons)))
+        if int(line) > published:
+            problems.append("README.md's course list has a lesson %s; the manifest has %d published lessons" % (
+                line, published))
     for name in sorted(os.listdir(os.path.join(root, "bench"))):
-        if re.match(r"lesson\d+\.cc$", name) and name not in {l.bench for l in lessons}:
-            problems.append("bench/%s is no lesson's bench case in the manifest" % name)
+        if re.match(r"lesson\d+\.cc$", name):
+            problems.append("bench/%s: a lesson's bench case belongs in its solution's folder (the manifest's "
+                            "`bench`)" % name)
     for name in sorted(os.listdir(os.path.join(root, "tools", "mutants"))):
-        if re.match(r"lesson\d+\.py$", name) and name not in {l.mutants for l in lessons}:
-            problems.append("tools/mutants/%s is no lesson's mutants module in the manifest" % name)
-    for case in re.findall(r'\{"l(\d+)",', bench_main):
-        if int(case) > len(lessons):
-            problems.append("bench/main.cc has a case l%s; the manifest has %d lessons" % (case, len(lessons)))
+        if re.match(r"lesson\d+\.py$", name):
+            problems.append("tools/mutants/%s: a lesson's mutants belong in its solution's folder (the manifest's "
+                            "`mutants`)" % name)
+    for path in [os.path.join(root, "bench", f) for f in sorted(os.listdir(os.path.join(root, "bench")))
+                 if f.endswith(".cc")]:
+        for case in re.findall(r'Case\{"l(\d+)",', open(path, encoding="utf-8").read()):
+            problems.append("%s registers a lesson case l%s: lesson cases live in the solutions' folders" % (
+                os.path.relpath(path, root), case))
     return lessons, problems
 
 

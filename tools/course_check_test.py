@@ -7,7 +7,6 @@ time fails it with the right message (a check that cannot fail is a defect).
 import os
 import shutil
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -30,21 +29,6 @@ for p in problems:
 expect(not problems, "the workspace agrees with its manifest (%d lessons)" % len(lessons))
 
 
-def copy_of_workspace():
-    """What the course check reads: README.md, bench/, tools/ (manifest, mutants), lesson and solution folders."""
-    work = tempfile.mkdtemp(prefix="course_check_test-")
-    shutil.copy(os.path.join(ROOT, "README.md"), work)
-    shutil.copytree(os.path.join(ROOT, "bench"), os.path.join(work, "bench"))
-    os.makedirs(os.path.join(work, "tools"))
-    shutil.copy(os.path.join(ROOT, "tools", "lessons.bzl"), os.path.join(work, "tools"))
-    shutil.copytree(os.path.join(ROOT, "tools", "mutants"), os.path.join(work, "tools", "mutants"))
-    os.makedirs(os.path.join(work, "solutions"))
-    for lesson in lessons:
-        shutil.copytree(os.path.join(ROOT, lesson.dir), os.path.join(work, lesson.dir))
-        shutil.copytree(os.path.join(ROOT, "solutions", lesson.dir), os.path.join(work, "solutions", lesson.dir))
-    return work
-
-
 def edit(path, old, new):
     text = open(path, encoding="utf-8").read()
     assert old in text, "%s: %r not found (the test's planted defect needs updating)" % (path, old)
@@ -53,6 +37,8 @@ def edit(path, old, new):
 
 
 first, last = lessons[0], lessons[-1]
+published = [l for l in lessons if not getattr(l, "draft", False)]
+last_published = published[-1]
 DEFECTS = [
     ("an unlisted file in a lesson folder",
      lambda w: open(os.path.join(w, first.dir, "notes.txt"), "w").close(),
@@ -73,30 +59,44 @@ DEFECTS = [
      lambda w: os.makedirs(os.path.join(w, "lesson%d_extra" % (len(lessons) + 1))),
      "lesson folder lesson%d_extra is not in the manifest" % (len(lessons) + 1)),
     ("the README's course list without a lesson",
-     lambda w: edit(os.path.join(w, "README.md"), "%d. **%s**" % (last.number, last.title), "%d. **Something else**"
-                    % last.number),
-     "README.md's course list has no line '%d. **%s**" % (last.number, last.title)),
-    ("the bench's case table without a lesson",
-     lambda w: edit(os.path.join(w, "bench", "main.cc"), '{"l%d", bench::lesson%d' % (first.number, first.number),
-                    '{"lx", bench::lesson%d' % first.number),
-     "bench/main.cc's case table has no {\"l%d\"" % first.number),
+     lambda w: edit(os.path.join(w, "README.md"), "%d. **%s**" % (last_published.number, last_published.title),
+                    "%d. **Something else**" % last_published.number),
+     "README.md's course list has no line '%d. **%s**" % (last_published.number, last_published.title)),
+    ("a bench case that does not register itself",
+     lambda w: edit(os.path.join(w, "solutions", first.dir, first.bench), 'Case{"l%d",' % first.number,
+                    'Case{"lx",'),
+     "solutions/%s/%s does not register its case" % (first.dir, first.bench)),
     ("a lesson's bench case file missing",
-     lambda w: os.remove(os.path.join(w, "bench", last.bench)),
-     "its bench case bench/%s is missing" % last.bench),
-    ("a mutants module the manifest does not name",
-     lambda w: shutil.copy(os.path.join(w, "tools", "mutants", first.mutants),
-                           os.path.join(w, "tools", "mutants", "lesson%d.py" % (len(lessons) + 1))),
-     "tools/mutants/lesson%d.py is no lesson's mutants module" % (len(lessons) + 1)),
+     lambda w: os.remove(os.path.join(w, "solutions", last.dir, last.bench)),
+     "its bench case solutions/%s/%s is missing" % (last.dir, last.bench)),
+    ("a lesson case left in bench/",
+     lambda w: shutil.copy(os.path.join(w, "solutions", first.dir, first.bench),
+                           os.path.join(w, "bench", "lesson%d.cc" % first.number)),
+     "bench/lesson%d.cc: a lesson's bench case belongs in its solution's folder" % first.number),
+    ("a mutants module left in tools/mutants/",
+     lambda w: shutil.copy(os.path.join(w, "solutions", first.dir, first.mutants),
+                           os.path.join(w, "tools", "mutants", "lesson%d.py" % first.number)),
+     "tools/mutants/lesson%d.py: a lesson's mutants belong in its solution's folder" % first.number),
     ("a lesson's mutants module missing",
-     lambda w: os.remove(os.path.join(w, "tools", "mutants", last.mutants)),
-     "its mutants module tools/mutants/%s is missing" % last.mutants),
-    ("a check target missing from the solution's BUILD",
-     lambda w: edit(os.path.join(w, "solutions", first.dir, "BUILD"), '"%s"' % first.tests[0], '"renamed_test"'),
-     "solutions/%s/BUILD does not define the check target %s" % (first.dir, first.tests[0])),
+     lambda w: os.remove(os.path.join(w, "solutions", last.dir, last.mutants)),
+     "its mutants module solutions/%s/%s is missing" % (last.dir, last.mutants)),
+    ("a mutants module that patches another lesson",
+     lambda w: edit(os.path.join(w, "solutions", last.dir, last.mutants), '"solutions/%s/' % last.dir,
+                    '"solutions/%s/' % first.dir),
+     "patches solutions/%s/" % first.dir),
+    ("a solution BUILD that is not written from the manifest",
+     lambda w: edit(os.path.join(w, "solutions", first.dir, "BUILD"), "solution_package(%d" % first.number,
+                    "solution_package(%d" % last.number),
+     "solutions/%s/BUILD does not call solution_package(%d)" % (first.dir, first.number)),
+    ("a published lesson missing from the README's list once its draft flag is gone, and a draft that is listed",
+     lambda w: edit(os.path.join(w, "tools", "lessons.bzl"), 'number = %d,' % last_published.number,
+                    'number = %d,\n        draft = True,' % last_published.number),
+     "README.md's course list has a lesson %d; the manifest has %d published lessons" % (
+         last_published.number, len(published) - 1)),
 ]
 
 for what, plant, message in DEFECTS:
-    work = copy_of_workspace()
+    work = course_check.copy_of_workspace(ROOT)
     try:
         plant(work)
         _, found = course_check.check(work)

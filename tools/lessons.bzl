@@ -14,7 +14,13 @@ Fields (file names are relative to the lesson's folder, `dir`):
   given      code the lesson provides (not edited by the learner)
   extra      anything else in the folder (scripts, a sub-package), besides README.md, BUILD and demo.cc
   solution_extra   files of solutions/<dir>/ besides BUILD and the answers to `learner`
-  bench      the bench case (bench/<file>), mutants: the mutants module (tools/mutants/<file>)
+  bench      the bench case, a file of solutions/<dir>/ that registers itself with //bench (bench/registry.h)
+  mutants    the mutants module, a file of solutions/<dir>/ (plausible mistakes in the reference solution that
+             the checks must catch; tools/mutants/run.sh applies them)
+  library, deps, header_deps, check_deps, test_size
+             how the files build (tools/lesson_package.bzl writes both BUILD files from them): the name of the
+             implementation library (the learner's and the reference's), its deps, the headers' deps, the checks'
+             deps, and the checks' Bazel size ("small" when absent)
 Every lesson folder also holds README.md (a Doxygen page with `{#lessonN}` and "## Step K" headings), BUILD (a
 `sources` filegroup, a `demo` binary on the reference solution with flags --quick --device --csv_dir, the `tests`
 targets) and demo.cc. Optionally docs/plots/lessonN.gp turns the demo's CSV files into the lesson's charts.
@@ -34,8 +40,12 @@ LESSONS = [
         given = ["grad_scaler_given.cc", "underflow_model.h"],
         extra = [],
         solution_extra = [],
-        bench = "lesson1.cc",
-        mutants = "lesson1.py",
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
+        library = "amp",
+        deps = ["//common/compat:compat"],
+        header_deps = [],
+        check_deps = ["//tests:check_helpers"],
     ),
     struct(
         number = 2,
@@ -50,8 +60,18 @@ LESSONS = [
         given = [],
         extra = [],
         solution_extra = [],
-        bench = "lesson2.cc",
-        mutants = "lesson2.py",
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
+        library = "accumulation",
+        deps = [
+            "//common:memory_meter",
+            "//solutions/lesson1_amp:amp",
+        ],
+        header_deps = ["//lesson1_amp:headers"],
+        check_deps = [
+            "//common:memory_meter",
+            "//tests:check_helpers",
+        ],
     ),
     struct(
         number = 3,
@@ -66,8 +86,15 @@ LESSONS = [
         given = ["stopwatch_given.cc", "phases_given.cc", "profiler_given.cc", "bottleneck_given.cc"],
         extra = [],
         solution_extra = [],
-        bench = "lesson3.cc",
-        mutants = "lesson3.py",
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
+        library = "prof",
+        deps = [
+            "//common:device",
+            "//common/compat:compat_profiler",
+        ],
+        header_deps = [],
+        check_deps = ["//common:memory_meter"],
     ),
     struct(
         number = 4,
@@ -82,8 +109,20 @@ LESSONS = [
         given = ["given.cc", "workload.h"],
         extra = [],
         solution_extra = [],
-        bench = "lesson4.cc",
-        mutants = "lesson4.py",
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
+        library = "memory",
+        deps = [
+            "//common:device",
+            "//common:memory_meter",
+            "//common/compat:compat",
+            "//solutions/lesson1_amp:amp",
+        ],
+        header_deps = ["//lesson1_amp:headers"],
+        check_deps = [
+            "//common:memory_meter",
+            "//tests:check_helpers",
+        ],
     ),
     struct(
         number = 5,
@@ -105,8 +144,25 @@ LESSONS = [
         given = ["comm.cc", "given.cc", "demo_ranks.h"],
         extra = ["netns/BUILD", "netns/cleanup_test.sh", "netns/netns_run.sh", "netns/record.py"],
         solution_extra = ["process_fault_test.sh", "quick_buckets_test.sh"],
-        bench = "lesson5.cc",
-        mutants = "lesson5.py",
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
+        library = "ddp",
+        deps = [
+            "//common/compat:compat_distributed",
+            "//solutions/lesson1_amp:amp",
+            "//solutions/lesson2_accumulation:accumulation",
+        ],
+        header_deps = [
+            "//common:device",
+            "//common:memory_meter",
+            "//lesson1_amp:headers",
+            "//lesson2_accumulation:headers",
+        ],
+        check_deps = [
+            "//common:memory_meter",
+            "//tests:check_helpers",
+        ],
+        test_size = "medium",
     ),
     struct(
         number = 6,
@@ -121,8 +177,16 @@ LESSONS = [
         given = ["given.cc", "given_cuda.cc", "kernel_copts.bzl"],
         extra = [],
         solution_extra = [],
-        bench = "lesson6.cc",
-        mutants = "lesson6.py",
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
+        library = "fusion",
+        deps = [],
+        header_deps = [],
+        check_deps = [
+            "//common:memory_meter",
+            "//solutions/lesson1_amp:amp",
+            "//tests:check_helpers",
+        ],
     ),
 ]
 

@@ -66,6 +66,11 @@ def sources(folder):
     return [p for p in glob.glob(os.path.join(folder, "*")) if p.endswith(conventions.SOURCE_SUFFIXES)]
 
 
+def is_check_or_demo(path):
+    """A check source or the demo: not the learner's code (a learner file may be called scaffold_demo.cc)."""
+    return path.endswith("_test.cc") or os.path.basename(path) == "demo.cc"
+
+
 def throws_with_calls(text):
     """[(line, argument text)] of every CHECK_THROWS_WITH*(...) call in `text` (strings and parentheses aware)."""
     calls = []
@@ -88,7 +93,7 @@ def throws_with_calls(text):
 
 def unannounced_messages(lesson_dir, test_sources):
     """[(test file:line, substring)] the checks require but no learner-visible file of the lesson mentions."""
-    learner = [p for p in sources(lesson_dir) if not p.endswith(("_test.cc", "demo.cc"))]
+    learner = [p for p in sources(lesson_dir) if not is_check_or_demo(p)]
     announced = "".join(open(p, encoding="utf-8").read() for p in learner)
     missing = []
     for path in test_sources:
@@ -142,7 +147,7 @@ def check_lesson(number, lesson_dir, solution_dir, binaries, problems):
     # TODO markers in the skeleton, in step order within each file; none in the solution.
     found = set()
     for path in sources(lesson_dir):
-        if path.endswith(("_test.cc", "demo.cc")):
+        if is_check_or_demo(path):
             continue
         try:
             order = [k for _, k in conventions.todos(open(path, encoding="utf-8").read(), number, path)]

@@ -150,10 +150,10 @@ def steps_of(lesson, root):
     return {s.number: s.title for s in conventions.read_steps(os.path.join(root, lesson["dir"], "README.md"))}
 
 
-def todos(lesson, root, step):
-    """[(file:line, text)] of the TODO(lessonN, step K) markers in the learner's files."""
+def todos(lesson, root, step=None):
+    """[(file:line, text)] of the TODO(lessonN, step K) markers in the learner's files (every step's: step=None)."""
     found = []
-    marker = "TODO(lesson%d, step %d)" % (lesson["number"], step)
+    marker = "TODO(lesson%d, step %s)" % (lesson["number"], step if step is not None else "")
     folder = os.path.join(root, lesson["dir"])
     for name in sorted(os.listdir(folder)):
         if not name.endswith(conventions.SOURCE_SUFFIXES) or name.endswith("_test.cc") or name == "demo.cc":
@@ -162,7 +162,11 @@ def todos(lesson, root, step):
         lines = read(path).splitlines()
         for number, k in conventions.todos("\n".join(lines), lesson["number"], path):
             line = lines[number - 1]
-            if k == step and marker in line and line.strip().startswith("//"):  # the comment, not the TORCH_CHECK
+            if step is None:
+                mine = marker[:-1] in line
+            else:
+                mine = k == step and marker in line
+            if mine and line.strip().startswith("//"):  # the comment, not the TORCH_CHECK
                 found.append(("%s/%s:%d" % (lesson["dir"], name, number), line.strip().lstrip("/ ")))
     return found
 
@@ -211,7 +215,31 @@ def report(lesson, root, binaries):
     if first_failing is None:
         if problems:
             return "lesson %d: could not run every check" % n
+        # Passing checks are not the whole story: a check skipped here (a GPU case on a machine without CUDA) did
+        # not look at the code it is for, and a TODO marker left means code that no check here reached.
+        skipped = [c for c in cases if c[1] == "skipped"]
+        left = todos(lesson, root)
+        if skipped:
+            print("  not checked here: %d check(s) skipped (they need a CUDA device):" % len(skipped))
+            for name, _, where, _ in skipped[:5]:
+                print("    - %s (%s)" % (name, where))
+            if len(skipped) > 5:
+                print("    - ... and %d more" % (len(skipped) - 5))
+        if left:
+            print("  %d TODO(lesson%d, ...) marker(s) left in your files, code no check here has looked at:"
+                  % (len(left), n))
+            for where, text in left[:5]:
+                print("    %s  %s" % (where, text[:100]))
+            if len(left) > 5:
+                print("    ... and %d more" % (len(left) - 5))
+            print("  every check that ran passes, but the lesson is not done: do those TODOs (a GPU machine runs "
+                  "the skipped checks: README, \"The GPU run\")" if skipped else
+                  "  every check passes, but the lesson is not done: do those TODOs")
+            return "lesson %d: checks pass, %d TODO(s) left%s" % (
+                n, len(left), ", %d check(s) not run here" % len(skipped) if skipped else "")
         print("  all %d steps pass. Run your demo: bazel run //%s:my_demo -- --quick" % (len(steps), lesson["dir"]))
+        if skipped:
+            return "lesson %d: done on this machine (%d GPU check(s) not run here)" % (n, len(skipped))
         return "lesson %d: done" % n
     k = first_failing
     print("  next: step %d — %s" % (k, steps.get(k, "")))

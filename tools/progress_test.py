@@ -7,6 +7,9 @@
    of a TODO(lessonN, step 1) marker, the first failing check and a hint from the lesson page.
 2. With a stand-in `bazel` whose build of the last lesson fails with a compiler error: that lesson is reported as
    not compiling (with the error's file:line), the others are still checked, and the tool exits 0.
+3. A subcase's exception is reported by its real message.
+4. With stand-in test binaries where every check passes and one GPU check is skipped, on the pristine skeleton of
+   the last lesson (its TODOs all there): not "done", the TODOs left and the skipped check are named.
 """
 import json
 import os
@@ -100,6 +103,28 @@ where, message = progress_module.first_failure(case, "t.cc:3")
 check("TODO(lesson1, step 5)" in message and "will translate later" not in message,
       "a subcase's exception is reported as %r, not as the TODO that threw" % message)
 check('"after step()"' in message, "the subcase is not named: %r" % message)
+
+# 4. Every check that ran passes, one was skipped, and the learner's files still have their TODOs (lesson 6 on a
+# machine without a GPU before issue 27: "done" while fused_adamw_cuda.cu had every TODO).
+last = lessons[-1]
+fake_bin = os.path.join(os.environ.get("TEST_TMPDIR", tempfile.mkdtemp()), "fake_binaries")
+os.makedirs(os.path.join(fake_bin, last["dir"]), exist_ok=True)
+steps = sorted(s.number for s in progress_module.conventions.read_steps(os.path.join(root, last["dir"], "README.md")))
+cases = "".join('<TestCase name="[step%d] passes" filename="t.cc" line="%d"><OverallResultsAsserts successes="1" '
+                'failures="0" test_case_success="true"/></TestCase>' % (k, k) for k in steps)
+cases += '<TestCase name="[step%d] CUDA: a GPU case" filename="t.cc" line="99" skipped="true"/>' % steps[-1]
+for test in last["tests"]:
+    path = os.path.join(fake_bin, last["dir"], test)
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\ncat <<'EOF'\n<?xml version=\"1.0\"?>\n<doctest>%s</doctest>\nEOF\n" % cases)
+    os.chmod(path, 0o755)
+output = run(["--binaries", fake_bin, "--lesson=%d" % last["number"]])
+check("lesson %d: done" % last["number"] not in output, "a lesson with every TODO left is reported done")
+check(re.search(r"lesson %d: checks pass, \d+ TODO\(s\) left, 1 check\(s\) not run here" % last["number"], output)
+      is not None, "the summary does not name the TODOs left and the check not run")
+check(re.search(r"^    %s/\w+\.(cc|cu):\d+  TODO\(lesson%d, step \d+\)" % (last["dir"], last["number"]), output, re.M)
+      is not None, "the TODOs left are not listed with file:line")
+check("[step%d] CUDA: a GPU case (t.cc:99)" % steps[-1] in output, "the skipped check is not named")
 
 print("%d passed, %d failed" % (0 if failures else 1, len(failures)))
 sys.exit(1 if failures else 0)

@@ -20,8 +20,10 @@ std::vector<Finding> diagnose(const Profile& profile, int64_t steps, const Diagn
   // Per phase: its median share of a step, and how often each op ran directly inside it.
   std::map<std::string, double> phase_share;
   for (const auto& row : profile.phase_table()) phase_share[row.name] = 0;
+  // On a GPU the host clock times the launches, not the work: rank by the kernels' time where there is one.
+  const Clock clock = profile.has_device_time() ? Clock::kDevice : Clock::kHost;
   for (const auto phase : {Phase::kData, Phase::kForward, Phase::kBackward, Phase::kOptimizer}) {
-    if (phase_share.count(phase_label(phase))) phase_share[phase_label(phase)] = profile.step_share(phase);
+    if (phase_share.count(phase_label(phase))) phase_share[phase_label(phase)] = profile.step_share(phase, clock);
   }
   TORCH_CHECK(!phase_share.empty(), "diagnose: the profile has no phase ranges (wrap the step's phases in ",
               "ScopedRange)");

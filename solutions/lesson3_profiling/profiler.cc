@@ -35,6 +35,12 @@ void attribute(std::vector<Event>& events) {
     if (is_phase_label(event.name)) event.phase = event.name;
     stack.push_back(i);
   }
+  // Device time nests like host time: an event's kernels plus everything launched inside it. Children come
+  // after their parent, so a backward pass has every child's total before its parent needs it.
+  for (auto& event : events) event.device_us = event.self_device_us;
+  for (int64_t i = static_cast<int64_t>(events.size()) - 1; i >= 0; --i) {
+    if (events[i].parent >= 0) events[events[i].parent].device_us += events[i].device_us;
+  }
 }
 // [attribute]
 
@@ -48,6 +54,9 @@ std::vector<Row> Profile::table() const {
     row.calls += 1;
     row.total_us += event.total_us();
     row.self_us += event.self_us;
+    row.device_us += event.device_us;
+    row.self_device_us += event.self_device_us;
+    row.bytes += event.self_bytes;
   }
   std::vector<Row> rows;
   rows.reserve(by_name.size());
@@ -55,8 +64,12 @@ std::vector<Row> Profile::table() const {
     entry.second.share = wall_us_ > 0 ? entry.second.total_us / wall_us_ : 0.0;
     rows.push_back(entry.second);
   }
-  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-    if (a.total_us != b.total_us) return a.total_us > b.total_us;
+  // On a GPU an op's host range is mostly its launch; its kernels are the work, so rank by device time there.
+  const bool device = has_device_time();
+  std::stable_sort(rows.begin(), rows.end(), [device](const Row& a, const Row& b) {
+    const double ta = device ? a.device_us : a.total_us;
+    const double tb = device ? b.device_us : b.total_us;
+    if (ta != tb) return ta > tb;
     return a.name < b.name;
   });
   return rows;
@@ -109,6 +122,12 @@ void Profile::write_chrome_trace(const std::string& path) const {
         << (is_phase_label(e.name) ? "phase" : "op") << "\", \"ph\": \"X\", " << numbers
         << ", \"pid\": 0, \"tid\": " << e.thread << "}";
   }
+  for (size_t i = 0; i < kernels_.size(); ++i) {  // the device's own track: pid 1, one row per stream
+    const Kernel& k = kernels_[i];
+    std::snprintf(numbers, sizeof numbers, "\"ts\": %.3f, \"dur\": %.3f", k.start_us, k.end_us - k.start_us);
+    out << (events_.empty() && i == 0 ? "\n" : ",\n") << "{\"name\": \"" << json_escape(k.name)
+        << "\", \"cat\": \"kernel\", \"ph\": \"X\", " << numbers << ", \"pid\": 1, \"tid\": " << k.stream << "}";
+  }
   out << "\n]}\n";
   out.close();
   TORCH_CHECK(!out.fail(), "write_chrome_trace: writing '", path, "' failed");
@@ -136,9 +155,10 @@ void Profiler::start() {
 Profile Profiler::stop() {
   TORCH_CHECK(recording_, "Profiler::stop: not profiling (start() was not called)");
   recording_ = false;
-  std::vector<Event> events = stop_recording();
+  std::vector<Kernel> kernels;
+  std::vector<Event> events = stop_recording(&kernels);
   TORCH_CHECK(!events.empty(), "Profiler::stop: empty profile (nothing ran between start() and stop())");
-  return Profile(std::move(events));
+  return Profile(std::move(events), std::move(kernels));
 }
 // [profiler]
 

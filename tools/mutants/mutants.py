@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The workshop's plausible-bug set (mutants) for the reference solutions, in the spirit of cargo-mutants.
 
-The mutants are defined per lesson, in tools/mutants/lessonN.py (a MUTANTS list of tuples (name, file, old, new,
+The mutants are defined per lesson, in the module the manifest names in the lesson's solution folder
+(solutions/lessonN_*/mutants.py: a MUTANTS list of tuples (name, file, old, new,
 what the bug is): one small, realistic mistake a learner or a maintainer could make in solutions/). This script
 turns them into unified diffs at run time; nothing it writes is committed:
 
@@ -17,6 +18,7 @@ import argparse
 import difflib
 import fnmatch
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -25,11 +27,19 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
 import manifest  # noqa: E402  (tools/manifest.py: the lessons of tools/lessons.bzl)
 
-# The lessons' mutants modules, named by the manifest.
-LESSON_MODULES = [os.path.splitext(lesson.mutants)[0] for lesson in manifest.load()]
+# The lessons' mutants modules, named by the manifest: files of the lessons' solution folders.
+LESSON_MODULES = [os.path.join(ROOT, "solutions", lesson.dir, lesson.mutants) for lesson in manifest.load()]
 # Mutants of the maintainers' tools, each module with the TARGET whose checks must catch them (a lesson's module
 # needs none: its mutants are caught by //solutions/<its folder>:all).
 TOOL_MODULES = ["gpu_run"]
+
+
+def _load_file(path):
+    """The module of a lesson's mutants file (solutions/<dir>/mutants.py: every lesson's has that name)."""
+    spec = importlib.util.spec_from_file_location("mutants_of_" + os.path.basename(os.path.dirname(path)), path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def all_mutants(gpu=False):
@@ -38,7 +48,7 @@ def all_mutants(gpu=False):
     sys.path.insert(0, HERE)
     out = []
     for name in LESSON_MODULES + TOOL_MODULES:
-        module = importlib.import_module(name)
+        module = _load_file(name) if name.endswith(".py") else importlib.import_module(name)
         target = getattr(module, "TARGET", None)
         out += [m + (target,) for m in module.MUTANTS + (getattr(module, "GPU_MUTANTS", []) if gpu else [])]
     return out

@@ -2,12 +2,12 @@
 # Mutation testing of the lessons' checks (a maintainer command, not part of CI; it takes long: one Bazel
 # build and one lesson's reference checks per mutant).
 #
-#   tools/mutants/run.sh                      # every mutant of tools/mutants/lesson*.py
+#   tools/mutants/run.sh                      # every mutant of the lessons (solutions/lessonN_*/mutants.py) and tools
 #   tools/mutants/run.sh 'l1_*' l2_amp_no_zero_grad   # some of them (globs on the mutants' names)
 #   tools/mutants/run.sh --gpu 'l6_gpu_*'     # the CUDA kernels' mutants: only on a machine with a GPU
 #
 # Each mutant is a small patch against solutions/ (a plausible bug), written at the start of the run by
-# tools/mutants/mutants.py from the definitions in tools/mutants/lessonN.py into a temporary folder (removed at
+# tools/mutants/mutants.py from the definitions in solutions/lessonN_*/mutants.py into a temporary folder (removed at
 # the end; nothing generated is committed). A definition that no longer applies stops the run before it starts.
 # For each one the runner applies it, runs `bazel test //solutions/<lesson>:all` (the lesson's reference
 # checks), reverts it, and prints CAUGHT (a check failed), SURVIVED (every check passed: no check looks at

@@ -7,7 +7,8 @@
 
 #include <torch/torch.h>
 
-#include "bench/cases.h"
+#include "bench/harness.h"
+#include "bench/registry.h"
 #include "common/memory_meter.h"
 #include "common/report.h"
 #include "lesson2_accumulation/accumulation.h"
@@ -66,5 +67,9 @@ void lesson2(Context& c) {
   c.peer->run("l2", "batch=" + std::to_string(batch) + ",width=" + std::to_string(width) + ",warmup=" +
                         std::to_string(warmup) + ",repeats=" + std::to_string(repeats) + ",ks=" + join(k_names, "+"));
 }
+
+namespace {
+const Registered registered(2, Case{"l2", lesson2});
+}  // namespace
 
 }  // namespace bench

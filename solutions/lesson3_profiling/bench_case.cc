@@ -4,7 +4,8 @@
 
 #include <torch/torch.h>
 
-#include "bench/cases.h"
+#include "bench/harness.h"
+#include "bench/registry.h"
 #include "lesson3_profiling/bottleneck.h"
 
 namespace bench {
@@ -31,5 +32,9 @@ void lesson3(Context& c) {
   c.rows.push_back(
       Row{"lesson 3: training loop", "fixed", t_fast, flops, 0, "", t_slow.median_ms / t_fast.median_ms, "", "", -1});
 }
+
+namespace {
+const Registered registered(3, Case{"l3", lesson3});
+}  // namespace
 
 }  // namespace bench

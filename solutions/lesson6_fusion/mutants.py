@@ -187,6 +187,28 @@ MUTANTS = [
      "    TORCH_CHECK(params[i].device() == params[0].device(),",
      "    TORCH_CHECK(true || params[i].device() == params[0].device(),",
      "tuples on different devices are accepted (the CUDA operator updates some, then fails)"),
+    # ---- issue 27, section 6: mistakes a learner made that passed every check ----------------------------
+    ("l6_napkin_half_as_4_bytes", L6,
+     "const int64_t param = numel * static_cast<int64_t>(c10::elementSize(param_dtype));",
+     "const int64_t param = numel * (param_dtype == c10::ScalarType::BFloat16 ? 2 : 4);",
+     "the fused napkin knows bfloat16 as a 16-bit type, and counts float16 as 4 bytes"),
+    ("l6_device_check_one_tensor", L6,
+     "  TORCH_CHECK(grad.device() == param.device() && exp_avg.device() == param.device() &&\n"
+     "                  exp_avg_sq.device() == param.device(),",
+     "  TORCH_CHECK(exp_avg_sq.device() == param.device(),",
+     "the device rule compares one of the other three tensors with param: grad or exp_avg elsewhere passes"),
+    ("l6_16bit_tail_overread", L6,
+     "for (int64_t i = 0; i < count; ++i) lanes[i] = static_cast<float>(src[i]);",
+     "for (int64_t i = 0; i < Vec::size(); ++i) lanes[i] = static_cast<float>(src[i]);",
+     "a 16-bit load converts all the lanes: the last vector reads up to 7 elements past the tensor's end"),
+    ("l6_16bit_tail_overwrite", L6,
+     "for (int64_t i = 0; i < count; ++i) dst[i] = rounded<T>(lanes[i]);",
+     "for (int64_t i = 0; i < Vec::size(); ++i) dst[i] = rounded<T>(lanes[i]);",
+     "a 16-bit store writes all the lanes: the last vector writes up to 7 elements past the tensor's end"),
+    ("l6_float_tail_overread", L6,
+     "Vec load(const float* src, int64_t count) { return count == Vec::size() ? Vec::loadu(src) : Vec::loadu(src, count); }",
+     "Vec load(const float* src, int64_t count) { return Vec::loadu(src); }",
+     "every float32 vector is loaded whole: the last one reads past the tensor's end (only the store is counted)"),
     # ---- step 6: the launch shape (the CUDA kernels' own mutants need a GPU to be caught: not listed) ------
     ("l6_launch_blocks_rounded_down", L6,
      "const int64_t wanted = (packs + kThreadsPerBlock - 1) / kThreadsPerBlock;",
@@ -258,4 +280,16 @@ MUTANTS = [
      "for (int64_t i = thread.index(); i < packs; i += thread.stride()) {\n      Pack<T, kWidth> pack",
      "for (int64_t i = thread.index(); i < packs && !non_finite; i += thread.stride()) {\n      Pack<T, kWidth> pack",
      "a thread that met an inf stops: the rest of its packs are not unscaled"),
+]
+
+# Only a GPU catches these (tools/mutants/run.sh --gpu 'l6_gpu_stream_*', on a machine that runs the GPU cases): the
+# CPU grid has no streams.
+GPU_MUTANTS = [
+    ("l6_gpu_stream_ignored", L6_CUDA,
+     "  if (packed) return launch<AdamWKernel<T, kWidth>>(shape, target, p, g, m, v, numel, c);\n"
+     "  return launch<AdamWKernel<T, 1>>(shape, target, p, g, m, v, numel, c);",
+     "  Target on_default = target;\n  on_default.stream = nullptr;  // the legacy default stream\n"
+     "  if (packed) return launch<AdamWKernel<T, kWidth>>(shape, on_default, p, g, m, v, numel, c);\n"
+     "  return launch<AdamWKernel<T, 1>>(shape, on_default, p, g, m, v, numel, c);",
+     "the AdamW kernel is launched on the default stream, not the caller's current stream"),
 ]

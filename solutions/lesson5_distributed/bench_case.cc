@@ -13,7 +13,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
-#include "bench/cases.h"
+#include "bench/harness.h"
+#include "bench/registry.h"
 #include "common/report.h"
 #include "lesson5_distributed/comm.h"
 #include "lesson5_distributed/demo_ranks.h"
@@ -130,5 +131,10 @@ void lesson5(Context& c) {
       "DDP orders its buckets by the first backward's gradient order, ours fills them in reverse parameter order. "
       "Lesson 5 runs once per world size, whatever --rounds.");
 }
+
+namespace {
+// once: each run relaunches its rank processes.
+const Registered registered(5, Case{"l5", lesson5, /*once=*/true, nullptr, lesson5_rank});
+}  // namespace
 
 }  // namespace bench

@@ -7,7 +7,8 @@
 
 #include <torch/torch.h>
 
-#include "bench/cases.h"
+#include "bench/harness.h"
+#include "bench/registry.h"
 #include "common/report.h"
 #include "lesson4_memory/breakdown.h"
 #include "lesson4_memory/planner.h"
@@ -111,5 +112,9 @@ void lesson4(Context& c) {
     }
   }
 }
+
+namespace {
+const Registered registered(4, Case{"l4", lesson4});
+}  // namespace
 
 }  // namespace bench

@@ -10,7 +10,8 @@
 
 #include <torch/torch.h>
 
-#include "bench/cases.h"
+#include "bench/harness.h"
+#include "bench/registry.h"
 #include "common/report.h"
 #include "lesson6_fusion/fused_adamw.h"
 
@@ -83,5 +84,9 @@ void lesson6(Context& c) {
                         ",repeats=" + std::to_string(repeats) + ",lr=" + fixed(hyper.lr, 6) +
                         ",weight_decay=" + fixed(hyper.weight_decay, 6));
 }
+
+namespace {
+const Registered registered(6, Case{"l6", lesson6});
+}  // namespace
 
 }  // namespace bench

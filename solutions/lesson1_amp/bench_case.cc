@@ -6,7 +6,8 @@
 
 #include <torch/torch.h>
 
-#include "bench/cases.h"
+#include "bench/harness.h"
+#include "bench/registry.h"
 #include "common/memory_meter.h"
 #include "common/report.h"
 #include "lesson1_amp/autocast.h"
@@ -76,5 +77,9 @@ void lesson1(Context& c) {
                         ",batch=" + std::to_string(batch) + ",warmup=" + std::to_string(warmup) +
                         ",repeats=" + std::to_string(repeats) + ",variants=" + join(keys, "+"));
 }
+
+namespace {
+const Registered registered(1, Case{"l1", lesson1});
+}  // namespace
 
 }  // namespace bench
