@@ -84,6 +84,29 @@ SpeedResult run_speed(torch::Device device, bool use_amp, int64_t width, int64_t
   return result;
 }
 
+// The float32 gradient that reaches the float16 multiply, before it is cast (d loss / d pred), by binade,
+// unscaled and scaled by 65536; and the fraction of it that float16 flushes to zero.
+void gradient_histogram(const torch::Device& device, const std::string& csv_dir) {
+  UnderflowModel probe(device);
+  auto pred = (probe.x * probe.w).detach().requires_grad_(true);
+  (UnderflowModel::kLossWeight * torch::mse_loss(pred, probe.y)).backward();
+  const auto magnitude = pred.grad().abs();
+  const double scale = 65536.0;
+  workshop::Table histogram("lesson1_grad_histogram",
+                            {"log2 magnitude", "gradients (unscaled)", "gradients (x 65536)"});
+  const auto bucket = magnitude.log2().floor().to(torch::kLong);
+  const auto bucket_scaled = (magnitude * scale).log2().floor().to(torch::kLong);
+  for (int64_t b = -40; b <= 0; ++b) {
+    const int64_t plain = bucket.eq(b).sum().item<int64_t>();
+    const int64_t scaled = bucket_scaled.eq(b).sum().item<int64_t>();
+    if (plain || scaled) histogram.add({std::to_string(b), std::to_string(plain), std::to_string(scaled)});
+  }
+  histogram.emit(csv_dir);
+  std::cout << "float16 flushes magnitudes below 2^-25 to zero (smallest subnormal 2^-24); underflow fraction: "
+            << fixed(amp::underflow_fraction(pred.grad()), 4) << " unscaled, "
+            << fixed(amp::underflow_fraction(pred.grad() * scale), 4) << " scaled by 65536\n";
+}
+
 int run(const workshop::Demo& demo) {
   const workshop::Flags& flags = demo.flags;
   const torch::Device device = demo.device;
@@ -123,27 +146,7 @@ int run(const workshop::Demo& demo) {
 
   // ---- Part B: underflow, without and with the scaler -----------------------------------------------
   std::cout << "\nPart B: a model whose float16 gradients underflow (Adam, " << underflow_steps << " steps)\n";
-  UnderflowModel probe(device);
-  {
-    // The float32 gradient that reaches the float16 multiply, before it is cast: d loss / d pred.
-    auto pred = (probe.x * probe.w).detach().requires_grad_(true);
-    (UnderflowModel::kLossWeight * torch::mse_loss(pred, probe.y)).backward();
-    const auto magnitude = pred.grad().abs();
-    const double scale = 65536.0;
-    workshop::Table histogram("lesson1_grad_histogram",
-                              {"log2 magnitude", "gradients (unscaled)", "gradients (x 65536)"});
-    const auto bucket = magnitude.log2().floor().to(torch::kLong);
-    const auto bucket_scaled = (magnitude * scale).log2().floor().to(torch::kLong);
-    for (int64_t b = -40; b <= 0; ++b) {
-      const int64_t plain = bucket.eq(b).sum().item<int64_t>();
-      const int64_t scaled = bucket_scaled.eq(b).sum().item<int64_t>();
-      if (plain || scaled) histogram.add({std::to_string(b), std::to_string(plain), std::to_string(scaled)});
-    }
-    histogram.emit(csv_dir);
-    std::cout << "float16 flushes magnitudes below 2^-25 to zero (smallest subnormal 2^-24); underflow fraction: "
-              << fixed(amp::underflow_fraction(pred.grad()), 4) << " unscaled, "
-              << fixed(amp::underflow_fraction(pred.grad() * scale), 4) << " scaled by 65536\n";
-  }
+  gradient_histogram(device, csv_dir);
 
   const std::vector<std::string> trace_columns{"step", "loss without scaler", "loss with scaler", "scale used",
                                                "stepped"};

@@ -40,29 +40,15 @@ std::vector<std::string> split(const std::string& text) {
   return out;
 }
 
-int run(const workshop::Demo& demo) {
-  const workshop::Flags& flags = demo.flags;
-  const bool quick = demo.quick;
-  std::string where = workshop::device_name(c10::Device(c10::kCPU)) + ", Gloo over loopback";
-  if (!demo.device.is_cpu()) {
-    std::cout << "note: --device=" << demo.device << ": the ranks still run with Gloo on the CPU (NCCL needs one "
-              << "GPU per rank; this demo does not start NCCL ranks)\n";
-  }
-  const int world_size = static_cast<int>(flags.get_int("world_size", quick ? 2 : 4));
-  TORCH_CHECK(world_size >= 1 && world_size <= 16, "--world_size must be in 1 .. 16, got ", world_size);
-  const std::string& csv_dir = demo.csv_dir;
-  l5demo::Config config = l5demo::config_for(quick, world_size);
-  config.rounds = static_cast<int>(flags.get_int("rounds", 1));
-  config.steps = static_cast<int>(flags.get_int("steps", config.steps));
-  TORCH_CHECK(config.steps >= 1 && config.steps <= 1000, "--steps must be in 1 .. 1000, got ", config.steps);
-  TORCH_CHECK(config.rounds >= 1 && config.rounds <= 20, "--rounds must be in 1 .. 20, got ", config.rounds);
-  const double delay_ms = flags.get_double("sim_delay_ms", 0);
-  TORCH_CHECK(delay_ms >= 0 && delay_ms <= 100, "--sim_delay_ms must be in 0 .. 100, got ", delay_ms);
-  config.sim_delay_us = static_cast<int64_t>(std::llround(delay_ms * 1000));
-  const double link_delay_ms = flags.get_double("link_delay_ms", 0);
-  TORCH_CHECK(link_delay_ms >= 0, "--link_delay_ms must be >= 0, got ", link_delay_ms);
-  const double link_gbit = flags.get_double("link_gbit", 0);
-  TORCH_CHECK(link_gbit >= 0, "--link_gbit must be >= 0, got ", link_gbit);
+// The link as the flags describe it: a kernel-shaped rate, a simulated delay per call, a kernel delay per packet.
+struct LinkFlags {
+  double gbit;
+  double delay_ms;
+  double link_delay_ms;
+};
+
+// --netns and --hosts: one network namespace and one address per rank (lesson5_distributed/netns/), or loopback.
+l5demo::Network network_from_flags(const workshop::Flags& flags, int world_size) {
   // [demo_network]
   l5demo::Network network;
   network.netns = split(flags.get("netns", ""));
@@ -86,6 +72,85 @@ int run(const workshop::Demo& demo) {
                 " addresses for --world_size=", world_size, " (one per rank)");
   }
   // [demo_network]
+  return network;
+}
+
+// The napkin table and the rankings (the page shows this body as its snippet demo_napkin_table).
+void napkin_tables(const std::vector<l5demo::Result>& results, const l5demo::Extras& extras, const LinkFlags& link,
+                   int world_size, double measured_bytes_per_s, const std::string& csv_dir) {
+  const double link_gbit = link.gbit, delay_ms = link.delay_ms, link_delay_ms = link.link_delay_ms;
+  // [demo_napkin_table]
+  // Measured step time next to the napkin figure, per variant, and the ranking of the variants in each round.
+  const double bytes_per_s = link_gbit > 0 ? link_gbit * 1e9 / 8 : measured_bytes_per_s;
+  const l5demo::CallCost own = l5demo::call_cost(extras, world_size, bytes_per_s);
+  std::cout << "\nNapkin math: link " << workshop::fixed(bytes_per_s * 8 / 1e9, 3) << " Gbit/s per rank ("
+            << (link_gbit > 0 ? "kernel-shaped rate" : "measured") << "; the large all-reduce measured "
+            << workshop::fixed(measured_bytes_per_s * 8 / 1e9, 3) << "), " << workshop::fixed(delay_ms, 3)
+            << " ms simulated per call + " << workshop::fixed(link_delay_ms, 3)
+            << " ms kernel per step of a collective (2 (N - 1) per all-reduce); "
+            << "a call's own cost " << workshop::fixed(own.all_reduce_ms, 3) << " ms per all-reduce, "
+            << workshop::fixed(own.broadcast_ms, 3) << " ms per broadcast (bursts of " << l5demo::kBurst << " "
+            << workshop::mib(extras.tiny_bytes) << " calls took " << workshop::fixed(extras.reduce_call_ms, 3)
+            << " and " << workshop::fixed(extras.bcast_call_ms, 3)
+            << " ms per call); compute with no communication: forward " << workshop::fixed(extras.forward_ms, 2)
+            << " ms, backward " << workshop::fixed(extras.backward_ms, 2) << " ms, optimizer "
+            << workshop::fixed(extras.optimizer_ms, 2) << " ms\n";
+  workshop::Table napkins("lesson5_network", {"variant", "ranks", "calls / step", "step ms (median of rounds)",
+                                              "napkin ms", "measured / napkin", "napkin: compute", "napkin: wire",
+                                              "napkin: calls", "round medians ms"});
+  for (size_t k = 0; k < results.size(); ++k) {
+    const l5demo::Result& r = results[k];
+    const l5demo::Napkin nk =
+        l5demo::napkin(static_cast<int>(k), r, extras, world_size, bytes_per_s, delay_ms, link_delay_ms);
+    std::string rounds_text;
+    for (double ms : r.round_ms) rounds_text += (rounds_text.empty() ? "" : " ") + workshop::fixed(ms, 1);
+    napkins.add({r.variant, std::to_string(world_size), std::to_string(r.collectives_per_step),
+                 workshop::fixed(r.median_ms, 2), workshop::fixed(nk.total_ms, 2),
+                 workshop::fixed(r.median_ms / nk.total_ms, 2), workshop::fixed(nk.compute_ms, 2),
+                 workshop::fixed(nk.wire_ms, 2), workshop::fixed(nk.calls_ms, 2), rounds_text});
+  }
+  napkins.emit(csv_dir);
+  std::string first_ranking;
+  bool same = true;
+  for (size_t round = 0; round < results.front().round_ms.size(); ++round) {
+    std::vector<size_t> order(results.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return results[a].round_ms[round] < results[b].round_ms[round]; });
+    std::string ranking;
+    for (size_t k : order) ranking += (ranking.empty() ? "" : " < ") + results[k].variant;
+    if (round == 0) first_ranking = ranking;
+    same = same && ranking == first_ranking;
+    std::cout << "round " << round + 1 << " (fastest first): " << ranking << "\n";
+  }
+  std::cout << "ranking the same in every round: " << (same ? "yes" : "NO") << "\n";
+  // [demo_napkin_table]
+}
+
+int run(const workshop::Demo& demo) {
+  const workshop::Flags& flags = demo.flags;
+  const bool quick = demo.quick;
+  std::string where = workshop::device_name(c10::Device(c10::kCPU)) + ", Gloo over loopback";
+  if (!demo.device.is_cpu()) {
+    std::cout << "note: --device=" << demo.device << ": the ranks still run with Gloo on the CPU (NCCL needs one "
+              << "GPU per rank; this demo does not start NCCL ranks)\n";
+  }
+  const int world_size = static_cast<int>(flags.get_int("world_size", quick ? 2 : 4));
+  TORCH_CHECK(world_size >= 1 && world_size <= 16, "--world_size must be in 1 .. 16, got ", world_size);
+  const std::string& csv_dir = demo.csv_dir;
+  l5demo::Config config = l5demo::config_for(quick, world_size);
+  config.rounds = static_cast<int>(flags.get_int("rounds", 1));
+  config.steps = static_cast<int>(flags.get_int("steps", config.steps));
+  TORCH_CHECK(config.steps >= 1 && config.steps <= 1000, "--steps must be in 1 .. 1000, got ", config.steps);
+  TORCH_CHECK(config.rounds >= 1 && config.rounds <= 20, "--rounds must be in 1 .. 20, got ", config.rounds);
+  const double delay_ms = flags.get_double("sim_delay_ms", 0);
+  TORCH_CHECK(delay_ms >= 0 && delay_ms <= 100, "--sim_delay_ms must be in 0 .. 100, got ", delay_ms);
+  config.sim_delay_us = static_cast<int64_t>(std::llround(delay_ms * 1000));
+  const double link_delay_ms = flags.get_double("link_delay_ms", 0);
+  TORCH_CHECK(link_delay_ms >= 0, "--link_delay_ms must be >= 0, got ", link_delay_ms);
+  const double link_gbit = flags.get_double("link_gbit", 0);
+  TORCH_CHECK(link_gbit >= 0, "--link_gbit must be >= 0, got ", link_gbit);
+  l5demo::Network network = network_from_flags(flags, world_size);
   const bool on_netns = !network.netns.empty();
   if (on_netns) where = workshop::device_name(c10::Device(c10::kCPU)) + ", Gloo over network namespaces";
   TORCH_CHECK(config.batch % world_size == 0, "--world_size=", world_size, ": the batch of ", config.batch,
@@ -139,53 +204,8 @@ int run(const workshop::Demo& demo) {
             << (on_netns ? "Link" : "Loopback") << " ceiling (one " << workshop::mib(static_cast<double>(probe_bytes))
             << " all-reduce): " << workshop::fixed(probe_ms, 2) << " ms, "
             << workshop::fixed(wire / (probe_ms * 1e-3) / 1e9, 2) << " GB/s sent per rank by the ring napkin math.\n";
-  // [demo_napkin_table]
-  // Measured step time next to the napkin figure, per variant, and the ranking of the variants in each round.
-  const double measured_bytes_per_s = wire / (probe_ms * 1e-3);
-  const double bytes_per_s = link_gbit > 0 ? link_gbit * 1e9 / 8 : measured_bytes_per_s;
-  const l5demo::CallCost own = l5demo::call_cost(extras, world_size, bytes_per_s);
-  std::cout << "\nNapkin math: link " << workshop::fixed(bytes_per_s * 8 / 1e9, 3) << " Gbit/s per rank ("
-            << (link_gbit > 0 ? "kernel-shaped rate" : "measured") << "; the large all-reduce measured "
-            << workshop::fixed(measured_bytes_per_s * 8 / 1e9, 3) << "), " << workshop::fixed(delay_ms, 3)
-            << " ms simulated per call + " << workshop::fixed(link_delay_ms, 3)
-            << " ms kernel per step of a collective (2 (N - 1) per all-reduce); "
-            << "a call's own cost " << workshop::fixed(own.all_reduce_ms, 3) << " ms per all-reduce, "
-            << workshop::fixed(own.broadcast_ms, 3) << " ms per broadcast (bursts of " << l5demo::kBurst << " "
-            << workshop::mib(extras.tiny_bytes) << " calls took " << workshop::fixed(extras.reduce_call_ms, 3)
-            << " and " << workshop::fixed(extras.bcast_call_ms, 3)
-            << " ms per call); compute with no communication: forward " << workshop::fixed(extras.forward_ms, 2)
-            << " ms, backward " << workshop::fixed(extras.backward_ms, 2) << " ms, optimizer "
-            << workshop::fixed(extras.optimizer_ms, 2) << " ms\n";
-  workshop::Table napkins("lesson5_network", {"variant", "ranks", "calls / step", "step ms (median of rounds)",
-                                              "napkin ms", "measured / napkin", "napkin: compute", "napkin: wire",
-                                              "napkin: calls", "round medians ms"});
-  for (size_t k = 0; k < results.size(); ++k) {
-    const l5demo::Result& r = results[k];
-    const l5demo::Napkin nk =
-        l5demo::napkin(static_cast<int>(k), r, extras, world_size, bytes_per_s, delay_ms, link_delay_ms);
-    std::string rounds_text;
-    for (double ms : r.round_ms) rounds_text += (rounds_text.empty() ? "" : " ") + workshop::fixed(ms, 1);
-    napkins.add({r.variant, std::to_string(world_size), std::to_string(r.collectives_per_step),
-                 workshop::fixed(r.median_ms, 2), workshop::fixed(nk.total_ms, 2),
-                 workshop::fixed(r.median_ms / nk.total_ms, 2), workshop::fixed(nk.compute_ms, 2),
-                 workshop::fixed(nk.wire_ms, 2), workshop::fixed(nk.calls_ms, 2), rounds_text});
-  }
-  napkins.emit(csv_dir);
-  std::string first_ranking;
-  bool same = true;
-  for (size_t round = 0; round < results.front().round_ms.size(); ++round) {
-    std::vector<size_t> order(results.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return results[a].round_ms[round] < results[b].round_ms[round]; });
-    std::string ranking;
-    for (size_t k : order) ranking += (ranking.empty() ? "" : " < ") + results[k].variant;
-    if (round == 0) first_ranking = ranking;
-    same = same && ranking == first_ranking;
-    std::cout << "round " << round + 1 << " (fastest first): " << ranking << "\n";
-  }
-  std::cout << "ranking the same in every round: " << (same ? "yes" : "NO") << "\n";
-  // [demo_napkin_table]
+  napkin_tables(results, extras, LinkFlags{link_gbit, delay_ms, link_delay_ms}, world_size, wire / (probe_ms * 1e-3),
+                csv_dir);
   const l5demo::Result& per_param = results.front();
   const l5demo::Result& zero = results.back();
   std::cout << "Buckets cut the calls from " << per_param.collectives_per_step << " to "
