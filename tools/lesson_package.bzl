@@ -110,6 +110,7 @@ def lesson_package(number, implementation = None, header_defines = []):
             size = _field(lesson, "test_size", "small"),
             tags = ["exercise"],
             deps = lesson.check_deps,
+            page = ":README.md",
         )
     lesson_demo(
         exercise = ":" + lesson.library,
@@ -156,5 +157,6 @@ def solution_package(number, implementation = None):
             checks = home + test + "_checks",
             impl = ":" + lesson.library,
             size = _field(lesson, "test_size", "small"),
+            page = home + "README.md",
         )
     _exports()
