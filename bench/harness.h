@@ -33,12 +33,50 @@ struct Row {
   int64_t same_way_peak = -1;  ///< peak bytes measured as the peer measures its own (-1: not measured)
 };
 
-/// The GradScaler's own cost, one implementation per row.
-struct ScalerRow {
+/// A line of a case's own table (a Section), e.g. one implementation of a cost measured apart from the steps.
+/// Like Row, summarised over the rounds by the harness (the median of the rounds' medians).
+struct SideRow {
   std::string name;
   workshop::Timing timing{};
   std::string unavailable;  ///< non-empty: not run here, and why
   std::string note;
+  std::string group;        ///< which case's table it belongs to
+  std::string ceiling_key;  ///< the Ceilings entry its napkin bytes are held against ("" if none)
+};
+
+/// A case's own table, printed and written after the main ones: its name (the console's heading), a title (the
+/// Markdown's), the text before it (e.g. its napkin math), its columns and rows, and its lines of the bench CSV
+/// (benchmark .. note; the harness adds the run's columns: device, versions, threads, date, command).
+struct Section {
+  std::string name, title, text;
+  std::vector<std::string> columns;
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::vector<std::string>> csv;
+};
+
+/// A ceiling a case measures itself (e.g. a collective over loopback), listed in the ceilings table as is.
+struct CeilingRow {
+  std::string name;
+  double per_second = 0;  ///< in `unit` x 1e9
+  std::string unit;       ///< "GB/s" or "GFLOP/s"
+  std::string measurements;
+};
+
+/// A flag of one case, declared at namespace scope in the case's file (the harness knows no case's flags): the
+/// harness lists it in --help, runs `check` on a given value before any case runs (TORCH_CHECK for a bad one),
+/// and gives the value to the case through Context::flag.
+class CaseFlag {
+ public:
+  CaseFlag(std::string name, std::string help, std::function<void(const std::string&)> check = nullptr);
+  struct Declared {
+    std::string name, help;
+    std::function<void(const std::string&)> check;
+  };
+  /// Every case flag of this binary, in declaration order.
+  static const std::vector<Declared>& all();
+
+ private:
+  static std::vector<Declared>& registry();
 };
 
 /// Ceilings: the best rate a workload's kernels reach on this device, measured the way the workload runs (same
@@ -81,22 +119,24 @@ class Ceilings {
 struct Context {
   c10::Device device{c10::kCPU};
   bool quick = false;
-  std::vector<int> world_sizes;  ///< lesson 5's ranks (--world_sizes)
+  std::map<std::string, std::string> flags;  ///< the case flags given (CaseFlag), by name
   std::vector<Row> rows;
+  std::vector<SideRow> side_rows;
   Ceilings ceilings;
-  std::vector<std::pair<int, double>> loopback_ceilings;  ///< lesson 5: (ranks, B/s sent per rank, ring napkin)
+  std::vector<CeilingRow> ceiling_rows;  ///< ceilings the cases measured themselves
+  std::vector<Section> sections;         ///< the cases' own tables, after the main ones
   std::unique_ptr<Peer> peer;
-  std::vector<ScalerRow> scaler_rows;
-  int64_t scaler_tensors = 0, scaler_elements = 0;
-  std::string scaler_copy_ceiling;  ///< the Ceilings key the scaler's napkin math uses
-  std::vector<std::string> notes;   ///< what differs between ours and PyTorch's, in structure (for the report)
+  std::vector<std::string> notes;  ///< what differs between ours and PyTorch's, in structure (for the report)
+
+  /// A case flag's value (CaseFlag), or `fallback` where it was not given.
+  std::string flag(const std::string& name, const std::string& fallback) const;
 };
 
 /// One benchmark case: a lesson's claim, run by name (--cases=NAME,...).
 struct Case {
   std::string name;                    ///< e.g. "l1"
   void (*run)(Context&);               ///< adds the case's rows (and runs its peer), once per round
-  bool once = false;                   ///< true: run once whatever --rounds (lesson 5 relaunches processes)
+  bool once = false;                   ///< true: run once whatever --rounds (e.g. it relaunches processes)
   void (*finish)(Context&) = nullptr;  ///< after all rounds (e.g. take the peer's summary over the rounds)
   /// A case whose workers are processes of this binary: returns their exit code when argv is a worker's, -1
   /// otherwise. The harness asks every case before anything else.

@@ -1,7 +1,8 @@
 """The PyTorch peer of //bench: the same workloads as the C++ rows, run with PyTorch's own implementations.
 
-//bench (bench/lesson*.cc, bench/scaler.cc) runs this script once per case as a subprocess, with the exact sizes, seed, thread
-count and device of its own rows, and merges what it prints into its tables:
+//bench (the lessons' cases, solutions/lesson*/bench_case.cc, and bench/scaler.cc) runs this script once per case
+as a subprocess, with the exact sizes, seed, thread count and device of its own rows, and merges what it prints
+into its tables:
 
     python3 bench/peer.py --device=cpu --threads=1 --case=l1 --spec=width=1024,depth=4,batch=512,...
 

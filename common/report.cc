@@ -13,10 +13,11 @@
 
 namespace workshop {
 
-Flags::Flags(int argc, char** argv, const std::map<std::string, std::string>& known) {
+Flags::Flags(int argc, char** argv, const std::map<std::string, std::string>& known, const std::string& description) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
+      if (!description.empty()) std::cout << description << "\n";
       std::cout << "usage: " << argv[0] << " [flags]\n";
       for (const auto& entry : known) std::cout << "  --" << entry.first << "  " << entry.second << "\n";
       std::exit(0);

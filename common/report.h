@@ -11,8 +11,8 @@ namespace workshop {
 /// Flags of the form --name=value or --name (a switch). Unknown flags are an error naming the known ones.
 class Flags {
  public:
-  /// `known`: name -> help text. "--help" prints them and exits 0.
-  Flags(int argc, char** argv, const std::map<std::string, std::string>& known);
+  /// `known`: name -> help text. "--help" prints `description` (if any), then them, and exits 0.
+  Flags(int argc, char** argv, const std::map<std::string, std::string>& known, const std::string& description = "");
 
   bool has(const std::string& name) const;
   std::string get(const std::string& name, const std::string& fallback) const;

@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include "common/demo.h"
 #include "common/device.h"
 #include "common/memory_meter.h"
 #include "common/report.h"
@@ -83,135 +84,136 @@ SpeedResult run_speed(torch::Device device, bool use_amp, int64_t width, int64_t
   return result;
 }
 
+// The float32 gradient that reaches the float16 multiply, before it is cast (d loss / d pred), by binade,
+// unscaled and scaled by 65536; and the fraction of it that float16 flushes to zero.
+void gradient_histogram(const torch::Device& device, const std::string& csv_dir) {
+  UnderflowModel probe(device);
+  auto pred = (probe.x * probe.w).detach().requires_grad_(true);
+  (UnderflowModel::kLossWeight * torch::mse_loss(pred, probe.y)).backward();
+  const auto magnitude = pred.grad().abs();
+  const double scale = 65536.0;
+  workshop::Table histogram("lesson1_grad_histogram",
+                            {"log2 magnitude", "gradients (unscaled)", "gradients (x 65536)"});
+  const auto bucket = magnitude.log2().floor().to(torch::kLong);
+  const auto bucket_scaled = (magnitude * scale).log2().floor().to(torch::kLong);
+  for (int64_t b = -40; b <= 0; ++b) {
+    const int64_t plain = bucket.eq(b).sum().item<int64_t>();
+    const int64_t scaled = bucket_scaled.eq(b).sum().item<int64_t>();
+    if (plain || scaled) histogram.add({std::to_string(b), std::to_string(plain), std::to_string(scaled)});
+  }
+  histogram.emit(csv_dir);
+  std::cout << "float16 flushes magnitudes below 2^-25 to zero (smallest subnormal 2^-24); underflow fraction: "
+            << fixed(amp::underflow_fraction(pred.grad()), 4) << " unscaled, "
+            << fixed(amp::underflow_fraction(pred.grad() * scale), 4) << " scaled by 65536\n";
+}
+
+int run(const workshop::Demo& demo) {
+  const workshop::Flags& flags = demo.flags;
+  const torch::Device device = demo.device;
+  const bool quick = demo.quick;
+  const bool cuda = device.is_cuda();
+  const int64_t width = flags.get_int("width", cuda ? 4096 : (quick ? 256 : 1024));
+  const int64_t depth = flags.get_int("depth", cuda ? 8 : 4);
+  const int64_t batch = flags.get_int("batch", cuda ? 8192 : (quick ? 128 : 512));
+  const int steps = static_cast<int>(flags.get_int("steps", quick ? 8 : 20));
+  const int underflow_steps = static_cast<int>(flags.get_int("underflow_steps", 300));
+  const std::string& csv_dir = demo.csv_dir;
+  TORCH_CHECK(width > 0 && depth > 0 && batch > 0 && steps > 0 && underflow_steps > 0,
+              "--width, --depth, --batch, --steps and --underflow_steps must be > 0");
+  const std::string name = workshop::device_name(device);
+  const std::string amp_label = cuda ? "AMP float16 + GradScaler" : "AMP bfloat16 (no scaler needed)";
+
+  std::cout << "Lesson 1 — mixed precision on " << device << " (" << name << "), LibTorch " << TORCH_VERSION
+            << "\nPart A: MLP " << depth << " x " << width << ", batch " << batch << ", median of " << steps
+            << " synchronised steps\n";
+
+  // ---- Part A: speed and memory, side by side -------------------------------------------------------
+  const SpeedResult fp32 = run_speed(device, false, width, depth, batch, steps);
+  const SpeedResult mixed = run_speed(device, true, width, depth, batch, steps);
+  const double flops = 6.0 * batch * (depth * width * width + width);  // forward 2x, backward 4x per MAC
+  workshop::Table speed("lesson1_speed",
+                        {"mode", "median ms", "min ms", "max ms", "TFLOP/s", "peak MiB/step", "final loss", "device"});
+  for (const auto& entry : {std::make_pair(std::string("float32"), fp32), std::make_pair(amp_label, mixed)}) {
+    const SpeedResult& r = entry.second;
+    speed.add({entry.first, fixed(r.timing.median_ms, 3), fixed(r.timing.min_ms, 3), fixed(r.timing.max_ms, 3),
+               fixed(flops / (r.timing.median_ms * 1e-3) / 1e12, 3), fixed(r.peak_bytes / 1048576.0, 2),
+               fixed(r.final_loss, 5), name});
+  }
+  speed.emit(csv_dir);
+  std::cout << "speed-up " << fixed(fp32.timing.median_ms / mixed.timing.median_ms, 2) << "x, peak memory "
+            << fixed(static_cast<double>(fp32.peak_bytes) / std::max<int64_t>(mixed.peak_bytes, 1), 2)
+            << "x lower with AMP\n";
+
+  // ---- Part B: underflow, without and with the scaler -----------------------------------------------
+  std::cout << "\nPart B: a model whose float16 gradients underflow (Adam, " << underflow_steps << " steps)\n";
+  gradient_histogram(device, csv_dir);
+
+  const std::vector<std::string> trace_columns{"step", "loss without scaler", "loss with scaler", "scale used",
+                                               "stepped"};
+  workshop::Table trace("lesson1_underflow", trace_columns);
+  UnderflowModel plain(device), scaled(device);
+  torch::optim::Adam adam_plain({plain.w}, torch::optim::AdamOptions(0.1));
+  torch::optim::Adam adam_scaled({scaled.w}, torch::optim::AdamOptions(0.1));
+  amp::GradScalerOptions off;
+  off.enabled = false;
+  amp::GradScaler no_scaler(off);
+  amp::GradScalerOptions growing;  // grows fast so that the run shows growth and overflow back-offs
+  growing.growth_interval = 5;
+  amp::GradScaler scaler(growing);
+  amp::StepOptions manual_casts;
+  manual_casts.autocast = false;
+  int skipped = 0;
+  double zero_without = 0, zero_with = 0;
+  for (int i = 0; i < underflow_steps; ++i) {
+    amp::train_step(
+        adam_plain, no_scaler, [&] { return plain.loss(); }, manual_casts);
+    const double scale_used = scaler.get_scale();
+    const bool stepped = amp::train_step(
+                             adam_scaled, scaler, [&] { return scaled.loss(); }, manual_casts)
+                             .stepped;
+    if (i == 0) {
+      zero_without = plain.w.grad().eq(0).to(torch::kFloat).mean().item<double>();
+      zero_with = scaled.w.grad().eq(0).to(torch::kFloat).mean().item<double>();
+    }
+    skipped += stepped ? 0 : 1;
+    trace.add({std::to_string(i), fixed(plain.true_loss(), 6), fixed(scaled.true_loss(), 6), fixed(scale_used, 0),
+               stepped ? "1" : "0"});
+  }
+  trace.emit(csv_dir, /*print=*/false);
+  workshop::Table excerpt("lesson1_underflow (every 25th step; all steps in the CSV)", trace_columns);
+  for (size_t i = 0; i < trace.rows().size(); i += 25) excerpt.add(trace.rows()[i]);
+  excerpt.emit("");
+  workshop::Table underflow("lesson1_underflow_summary", {"run", "zero grads (step 1)", "initial loss", "final loss",
+                                                          "skipped steps", "final scale"});
+  const double initial = UnderflowModel(device).true_loss();
+  underflow.add(
+      {"float16, no scaler", fixed(zero_without, 4), fixed(initial, 5), fixed(plain.true_loss(), 5), "0", "1"});
+  underflow.add({"float16 + GradScaler", fixed(zero_with, 4), fixed(initial, 5), fixed(scaled.true_loss(), 5),
+                 std::to_string(skipped), fixed(scaler.get_scale(), 0)});
+  underflow.emit(csv_dir);
+
+  workshop::append_summary(csv_dir, {
+                                        {"1 mixed precision", "step time (ms), float32 vs " + amp_label,
+                                         fp32.timing.median_ms, mixed.timing.median_ms, name},
+                                        {"1 mixed precision", "peak MiB per step", fp32.peak_bytes / 1048576.0,
+                                         mixed.peak_bytes / 1048576.0, name},
+                                        {"1 mixed precision", "tiny-gradient model loss, no scaler vs scaler",
+                                         plain.true_loss(), scaled.true_loss(), name},
+                                    });
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    workshop::Flags flags(argc, argv,
-                          {
-                              {"device", "best (default), cpu, cuda or cuda:N"},
-                              {"quick", "small sizes for a fast CPU run"},
-                              {"steps", "timed steps per mode (default 20, quick 8)"},
-                              {"underflow_steps", "training steps of part B (default 300)"},
-                              {"width", "MLP width (default: 4096 on CUDA, 1024 on CPU, 256 quick)"},
-                              {"depth", "MLP depth (default 8 on CUDA, 4 on CPU)"},
-                              {"batch", "batch size (default: 8192 on CUDA, 512 on CPU, 128 quick)"},
-                              {"csv_dir", "write the tables as CSV files and append summary.csv there"},
-                          });
-    const torch::Device device = workshop::parse_device(flags.get("device", "best"));
-    const bool quick = flags.has("quick");
-    const bool cuda = device.is_cuda();
-    const int64_t width = flags.get_int("width", cuda ? 4096 : (quick ? 256 : 1024));
-    const int64_t depth = flags.get_int("depth", cuda ? 8 : 4);
-    const int64_t batch = flags.get_int("batch", cuda ? 8192 : (quick ? 128 : 512));
-    const int steps = static_cast<int>(flags.get_int("steps", quick ? 8 : 20));
-    const int underflow_steps = static_cast<int>(flags.get_int("underflow_steps", 300));
-    const std::string csv_dir = flags.get("csv_dir", "");
-    TORCH_CHECK(width > 0 && depth > 0 && batch > 0 && steps > 0 && underflow_steps > 0,
-                "--width, --depth, --batch, --steps and --underflow_steps must be > 0");
-    const std::string name = workshop::device_name(device);
-    const std::string amp_label = cuda ? "AMP float16 + GradScaler" : "AMP bfloat16 (no scaler needed)";
-
-    std::cout << "Lesson 1 — mixed precision on " << device << " (" << name << "), LibTorch " << TORCH_VERSION
-              << "\nPart A: MLP " << depth << " x " << width << ", batch " << batch << ", median of " << steps
-              << " synchronised steps\n";
-
-    // ---- Part A: speed and memory, side by side -------------------------------------------------------
-    const SpeedResult fp32 = run_speed(device, false, width, depth, batch, steps);
-    const SpeedResult mixed = run_speed(device, true, width, depth, batch, steps);
-    const double flops = 6.0 * batch * (depth * width * width + width);  // forward 2x, backward 4x per MAC
-    workshop::Table speed("lesson1_speed", {"mode", "median ms", "min ms", "max ms", "TFLOP/s", "peak MiB/step",
-                                            "final loss", "device"});
-    for (const auto& entry : {std::make_pair(std::string("float32"), fp32), std::make_pair(amp_label, mixed)}) {
-      const SpeedResult& r = entry.second;
-      speed.add({entry.first, fixed(r.timing.median_ms, 3), fixed(r.timing.min_ms, 3), fixed(r.timing.max_ms, 3),
-                 fixed(flops / (r.timing.median_ms * 1e-3) / 1e12, 3), fixed(r.peak_bytes / 1048576.0, 2),
-                 fixed(r.final_loss, 5), name});
-    }
-    speed.emit(csv_dir);
-    std::cout << "speed-up " << fixed(fp32.timing.median_ms / mixed.timing.median_ms, 2) << "x, peak memory "
-              << fixed(static_cast<double>(fp32.peak_bytes) / std::max<int64_t>(mixed.peak_bytes, 1), 2)
-              << "x lower with AMP\n";
-
-    // ---- Part B: underflow, without and with the scaler -----------------------------------------------
-    std::cout << "\nPart B: a model whose float16 gradients underflow (Adam, " << underflow_steps << " steps)\n";
-    UnderflowModel probe(device);
-    {
-      // The float32 gradient that reaches the float16 multiply, before it is cast: d loss / d pred.
-      auto pred = (probe.x * probe.w).detach().requires_grad_(true);
-      (UnderflowModel::kLossWeight * torch::mse_loss(pred, probe.y)).backward();
-      const auto magnitude = pred.grad().abs();
-      const double scale = 65536.0;
-      workshop::Table histogram("lesson1_grad_histogram",
-                                {"log2 magnitude", "gradients (unscaled)", "gradients (x 65536)"});
-      const auto bucket = magnitude.log2().floor().to(torch::kLong);
-      const auto bucket_scaled = (magnitude * scale).log2().floor().to(torch::kLong);
-      for (int64_t b = -40; b <= 0; ++b) {
-        const int64_t plain = bucket.eq(b).sum().item<int64_t>();
-        const int64_t scaled = bucket_scaled.eq(b).sum().item<int64_t>();
-        if (plain || scaled) histogram.add({std::to_string(b), std::to_string(plain), std::to_string(scaled)});
-      }
-      histogram.emit(csv_dir);
-      std::cout << "float16 flushes magnitudes below 2^-25 to zero (smallest subnormal 2^-24); underflow fraction: "
-                << fixed(amp::underflow_fraction(pred.grad()), 4) << " unscaled, "
-                << fixed(amp::underflow_fraction(pred.grad() * scale), 4) << " scaled by 65536\n";
-    }
-
-    const std::vector<std::string> trace_columns{"step", "loss without scaler", "loss with scaler", "scale used",
-                                                 "stepped"};
-    workshop::Table trace("lesson1_underflow", trace_columns);
-    UnderflowModel plain(device), scaled(device);
-    torch::optim::Adam adam_plain({plain.w}, torch::optim::AdamOptions(0.1));
-    torch::optim::Adam adam_scaled({scaled.w}, torch::optim::AdamOptions(0.1));
-    amp::GradScalerOptions off;
-    off.enabled = false;
-    amp::GradScaler no_scaler(off);
-    amp::GradScalerOptions growing;  // grows fast so that the run shows growth and overflow back-offs
-    growing.growth_interval = 5;
-    amp::GradScaler scaler(growing);
-    amp::StepOptions manual_casts;
-    manual_casts.autocast = false;
-    int skipped = 0;
-    double zero_without = 0, zero_with = 0;
-    for (int i = 0; i < underflow_steps; ++i) {
-      amp::train_step(
-          adam_plain, no_scaler, [&] { return plain.loss(); }, manual_casts);
-      const double scale_used = scaler.get_scale();
-      const bool stepped = amp::train_step(
-                               adam_scaled, scaler, [&] { return scaled.loss(); }, manual_casts)
-                               .stepped;
-      if (i == 0) {
-        zero_without = plain.w.grad().eq(0).to(torch::kFloat).mean().item<double>();
-        zero_with = scaled.w.grad().eq(0).to(torch::kFloat).mean().item<double>();
-      }
-      skipped += stepped ? 0 : 1;
-      trace.add({std::to_string(i), fixed(plain.true_loss(), 6), fixed(scaled.true_loss(), 6), fixed(scale_used, 0),
-                 stepped ? "1" : "0"});
-    }
-    trace.emit(csv_dir, /*print=*/false);
-    workshop::Table excerpt("lesson1_underflow (every 25th step; all steps in the CSV)", trace_columns);
-    for (size_t i = 0; i < trace.rows().size(); i += 25) excerpt.add(trace.rows()[i]);
-    excerpt.emit("");
-    workshop::Table underflow("lesson1_underflow_summary", {"run", "zero grads (step 1)", "initial loss", "final loss",
-                                                            "skipped steps", "final scale"});
-    const double initial = UnderflowModel(device).true_loss();
-    underflow.add(
-        {"float16, no scaler", fixed(zero_without, 4), fixed(initial, 5), fixed(plain.true_loss(), 5), "0", "1"});
-    underflow.add({"float16 + GradScaler", fixed(zero_with, 4), fixed(initial, 5), fixed(scaled.true_loss(), 5),
-                   std::to_string(skipped), fixed(scaler.get_scale(), 0)});
-    underflow.emit(csv_dir);
-
-    workshop::append_summary(csv_dir, {
-                                          {"1 mixed precision", "step time (ms), float32 vs " + amp_label,
-                                           fp32.timing.median_ms, mixed.timing.median_ms, name},
-                                          {"1 mixed precision", "peak MiB per step", fp32.peak_bytes / 1048576.0,
-                                           mixed.peak_bytes / 1048576.0, name},
-                                          {"1 mixed precision", "tiny-gradient model loss, no scaler vs scaler",
-                                           plain.true_loss(), scaled.true_loss(), name},
-                                      });
-    return 0;
-  } catch (const c10::Error& error) {
-    std::cerr << "error: " << error.what_without_backtrace() << "\n";
-    return 1;
-  }
+  return workshop::demo_main(argc, argv,
+                             workshop::DemoOptions(
+                                 "Lesson 1 demo: mixed precision's speed and memory (part A) and the gradient scaler "
+                                 "against float16 underflow (part B).")
+                                 .flags({{"steps", "timed steps per mode (default 20, quick 8)"},
+                                         {"underflow_steps", "training steps of part B (default 300)"},
+                                         {"width", "MLP width (default: 4096 on CUDA, 1024 on CPU, 256 quick)"},
+                                         {"depth", "MLP depth (default 8 on CUDA, 4 on CPU)"},
+                                         {"batch", "batch size (default: 8192 on CUDA, 512 on CPU, 128 quick)"}}),
+                             run);
 }

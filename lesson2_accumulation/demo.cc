@@ -20,6 +20,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
 
+#include "common/demo.h"
 #include "common/device.h"
 #include "common/memory_meter.h"
 #include "common/report.h"
@@ -39,21 +40,14 @@ std::string scientific(double value) {
   return out.str();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  workshop::Flags flags(argc, argv,
-                        {{"device", "best | cpu | cuda (default best)"},
-                         {"quick", "small, fast settings for a CPU"},
-                         {"batch", "effective batch in items (default 1024; --quick: 256)"},
-                         {"repeats", "timed repeats per row (default 10; --quick: 3)"},
-                         {"csv_dir", "write the table and the summary line as CSV into this folder"}});
-  const bool quick = flags.has("quick");
-  const c10::Device device = workshop::parse_device(flags.get("device", "best"));
+int run(const workshop::Demo& demo) {
+  const workshop::Flags& flags = demo.flags;
+  const bool quick = demo.quick;
+  const c10::Device device = demo.device;
   const int64_t batch = flags.get_int("batch", quick ? 256 : 1024);
   const int repeats = static_cast<int>(flags.get_int("repeats", quick ? 3 : 10));
   const int64_t width = quick ? 512 : 2048;
-  const std::string csv_dir = flags.get("csv_dir", "");
+  const std::string& csv_dir = demo.csv_dir;
   TORCH_CHECK(batch >= 16 && batch % 16 == 0, "--batch must be a positive multiple of 16, got ", batch);
 
   // [demo_model]
@@ -121,4 +115,16 @@ int main(int argc, char** argv) {
                                      {"2 gradient accumulation", "step time (ms), K=1 vs K=16", ms_k1, ms_k16,
                                       workshop::device_name(device)}});
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return workshop::demo_main(argc, argv,
+                             workshop::DemoOptions(
+                                 "Lesson 2 demo: one effective batch in K = 1, 2, 4, 8, 16 micro-batches: peak bytes, "
+                                 "step time and the gradients' distance from the full batch's.")
+                                 .flags({{"batch", "effective batch in items (default 1024; --quick: 256)"},
+                                         {"repeats", "timed repeats per row (default 10; --quick: 3)"}}),
+                             run);
 }

@@ -9,6 +9,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "common/demo.h"
 #include "common/device.h"
 #include "common/report.h"
 #include "lesson4_memory/planner.h"
@@ -18,24 +19,17 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-int run(int argc, char** argv) {
-  const workshop::Flags flags(argc, argv,
-                              {{"device", "best|cpu|cuda[:N] (default best)"},
-                               {"quick", "small, fast CPU settings"},
-                               {"csv_dir", "write the tables as CSV here and append the summary"},
-                               {"layers", "MLP depth (default 32)"},
-                               {"width", "MLP width (default 64 quick, 128 CPU, 1024 CUDA)"},
-                               {"batch", "rows per batch (default 1024 quick, 2048 CPU, 8192 CUDA)"},
-                               {"steps", "timed steps per recipe (default 5 quick, 10 otherwise)"}});
-  const bool quick = flags.has("quick");
-  const c10::Device device = workshop::parse_device(flags.get("device", quick ? "cpu" : "best"));
+int run(const workshop::Demo& demo) {
+  const workshop::Flags& flags = demo.flags;
+  const bool quick = demo.quick;
+  const c10::Device device = demo.device;
   const bool cuda = device.is_cuda();
   mem::MlpSpec spec;
   spec.layers = flags.get_int("layers", 32);
   spec.width = flags.get_int("width", quick ? 64 : (cuda ? 1024 : 128));
   spec.batch = flags.get_int("batch", quick ? 1024 : (cuda ? 8192 : 2048));
   const int steps = static_cast<int>(flags.get_int("steps", quick ? 5 : 10));
-  const std::string csv_dir = flags.get("csv_dir", "");
+  const std::string& csv_dir = demo.csv_dir;
   const int64_t segments = std::max<int64_t>(2, std::llround(std::sqrt(static_cast<double>(spec.layers))));
 
   std::cout << "Lesson 4 — reduce memory use\n"
@@ -101,10 +95,14 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const c10::Error& error) {
-    std::cerr << "error: " << error.what_without_backtrace() << "\n";
-    return 1;
-  }
+  return workshop::demo_main(
+      argc, argv,
+      workshop::DemoOptions("Lesson 4 demo: peak bytes and step time of a deep MLP's training step with the memory "
+                            "levers added one by one, then the planner picking a recipe for a budget.")
+          .quick_device("cpu")
+          .flags({{"layers", "MLP depth (default 32)"},
+                  {"width", "MLP width (default 64 quick, 128 CPU, 1024 CUDA)"},
+                  {"batch", "rows per batch (default 1024 quick, 2048 CPU, 8192 CUDA)"},
+                  {"steps", "timed steps per recipe (default 5 quick, 10 otherwise)"}}),
+      run);
 }

@@ -1,4 +1,4 @@
-// Lesson 5 — your code. Replace each TODO with an implementation; the checks in ddp_test.cc tell you when a
+// Lesson 5 — your code. Replace each TODO with an implementation; the checks (ddp_stepK_test.cc) tell you when a
 // step is done (bazel test //lesson5_distributed:all). The ranks talk only through dist::Comm (comm.h):
 // comm.all_reduce(t), comm.all_reduce_async(t), comm.broadcast(t, root), comm.all_gather(t), comm.barrier().
 #include "lesson5_distributed/ddp.h"

@@ -241,6 +241,73 @@ inline double ms_per_call(dist::Comm& comm, int repeats, int calls, const std::f
   return median(ms);
 }
 
+/// The step's parts with no communication, every rank computing at the same time, in every round (the machine's
+/// load moves): the compute part of the napkin figures, one median per part appended.
+inline void compute_only(dist::Comm& comm, const Config& c, const at::Tensor& xs, const at::Tensor& ys,
+                         std::vector<double>* forward, std::vector<double>* backward, std::vector<double>* optimizer) {
+  auto model = mlp(c);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  std::vector<double> f, b, o;
+  for (int s = 0; s <= c.steps; ++s) {
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    at::Tensor loss = torch::nn::functional::mse_loss(model->forward(xs), ys);
+    const auto t1 = std::chrono::steady_clock::now();
+    loss.backward();
+    const auto t2 = std::chrono::steady_clock::now();
+    adam.step();
+    const auto t3 = std::chrono::steady_clock::now();
+    if (s == 0) continue;  // warm-up (Adam's state appears)
+    f.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    b.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    o.push_back(std::chrono::duration<double, std::milli>(t3 - t2).count());
+  }
+  forward->push_back(median(f)), backward->push_back(median(b)), optimizer->push_back(median(o));
+}
+
+/// One round of a variant into its row: the communicator's counts per step, this round's step times.
+inline void add_round(Result& r, const dist::CommStats& st, const std::vector<double>& ms, int steps, int n,
+                      bool first_round) {
+  r.all_reduce_calls = static_cast<double>(st.all_reduce_calls) / steps;
+  r.all_reduce_bytes = static_cast<double>(st.all_reduce_bytes) / steps;
+  r.broadcast_calls = static_cast<double>(st.broadcast_calls) / steps;
+  r.broadcast_bytes = static_cast<double>(st.broadcast_bytes) / steps;
+  r.all_gather_calls = static_cast<double>(st.all_gather_calls) / steps;
+  r.round_ms.push_back(median(ms));
+  r.collectives_per_step = (st.all_reduce_calls + st.broadcast_calls + st.all_gather_calls) / steps;
+  r.payload_bytes_per_step = static_cast<double>(st.all_reduce_bytes + st.broadcast_bytes) / steps;
+  r.napkin_bytes_per_step = (dist::ring_allreduce_wire_bytes(static_cast<double>(st.all_reduce_bytes), n) +
+                             static_cast<double>(st.broadcast_bytes) * (n - 1) / n) /
+                            steps;
+  r.median_ms = median(r.round_ms);
+  const double lo = *std::min_element(ms.begin(), ms.end()), hi = *std::max_element(ms.begin(), ms.end());
+  r.min_ms = first_round ? lo : std::min(r.min_ms, lo);
+  r.max_ms = first_round ? hi : std::max(r.max_ms, hi);
+}
+
+/// `steps` steps, each after a barrier (the ranks start together), in milliseconds.
+inline std::vector<double> timed_steps(dist::Comm& comm, int steps, const std::function<void()>& step) {
+  std::vector<double> ms;
+  for (int s = 0; s < steps; ++s) {
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return ms;
+}
+
+/// How far `now` is from `first`: the largest absolute difference over the largest magnitude of `first`.
+inline double max_rel_diff(const std::vector<at::Tensor>& now, const std::vector<at::Tensor>& first) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < now.size(); ++i) {
+    diff = std::max(diff, (now[i] - first[i]).abs().max().item<double>());
+    scale = std::max(scale, first[i].abs().max().item<double>());
+  }
+  return diff / scale;
+}
+
 /// Everything one rank measures; rank 0's results are the table.
 inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* probe_ms, Extras* extras = nullptr) {
   const int n = comm.world_size();
@@ -266,29 +333,7 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
   enum Kind { kPerParameter, kBucketed, kOverlap, kZero };
   const char* names[] = {"per-parameter all-reduce", "bucketed", "bucketed + overlap", "ZeRO-1 (+ overlap)"};
   for (int round = 0; round < std::max(1, c.rounds); ++round) {  // each round: every variant, in turn
-    {
-      // The step's parts with no communication, every rank computing at the same time, in every round (the
-      // machine's load moves): the compute part of the napkin figures.
-      auto model = mlp(c);
-      torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
-      std::vector<double> f, b, o;
-      for (int s = 0; s <= c.steps; ++s) {
-        for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
-        comm.barrier();
-        const auto t0 = std::chrono::steady_clock::now();
-        at::Tensor loss = torch::nn::functional::mse_loss(model->forward(xs), ys);
-        const auto t1 = std::chrono::steady_clock::now();
-        loss.backward();
-        const auto t2 = std::chrono::steady_clock::now();
-        adam.step();
-        const auto t3 = std::chrono::steady_clock::now();
-        if (s == 0) continue;  // warm-up (Adam's state appears)
-        f.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-        b.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
-        o.push_back(std::chrono::duration<double, std::milli>(t3 - t2).count());
-      }
-      round_forward.push_back(median(f)), round_backward.push_back(median(b)), round_optimizer.push_back(median(o));
-    }
+    compute_only(comm, c, xs, ys, &round_forward, &round_backward, &round_optimizer);
     {
       // [demo_call_cost]
       // The per-call cost of Gloo, the kernel and the machine, in every round: bursts of small calls back to back
@@ -348,41 +393,15 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
       // [demo_step]
       step(true);
       comm.reset_stats();
-      std::vector<double> ms;
-      for (int s = 0; s < c.steps; ++s) {
-        comm.barrier();
-        const auto t0 = std::chrono::steady_clock::now();
-        step(false);
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      }
-      const dist::CommStats& st = comm.stats();
+      const std::vector<double> ms = timed_steps(comm, c.steps, [&] { step(false); });
       Result& r = results[static_cast<size_t>(kind)];
       r.variant = names[kind];
-      r.all_reduce_calls = static_cast<double>(st.all_reduce_calls) / c.steps;
-      r.all_reduce_bytes = static_cast<double>(st.all_reduce_bytes) / c.steps;
-      r.broadcast_calls = static_cast<double>(st.broadcast_calls) / c.steps;
-      r.broadcast_bytes = static_cast<double>(st.broadcast_bytes) / c.steps;
-      r.all_gather_calls = static_cast<double>(st.all_gather_calls) / c.steps;
-      r.round_ms.push_back(median(ms));
-      r.collectives_per_step = (st.all_reduce_calls + st.broadcast_calls + st.all_gather_calls) / c.steps;
-      r.payload_bytes_per_step = static_cast<double>(st.all_reduce_bytes + st.broadcast_bytes) / c.steps;
-      r.napkin_bytes_per_step = (dist::ring_allreduce_wire_bytes(static_cast<double>(st.all_reduce_bytes), n) +
-                                 static_cast<double>(st.broadcast_bytes) * (n - 1) / n) /
-                                c.steps;
-      r.median_ms = median(r.round_ms);
-      const double lo = *std::min_element(ms.begin(), ms.end()), hi = *std::max_element(ms.begin(), ms.end());
-      r.min_ms = round == 0 ? lo : std::min(r.min_ms, lo);
-      r.max_ms = round == 0 ? hi : std::max(r.max_ms, hi);
+      add_round(r, comm.stats(), ms, c.steps, n, round == 0);
       r.optimizer_state_bytes = state_bytes;
       std::vector<at::Tensor> now;
       for (const auto& p : params) now.push_back(p.detach().clone());
       if (kind == kPerParameter) first_params = now;
-      double diff = 0, scale = 0;
-      for (size_t i = 0; i < now.size(); ++i) {
-        diff = std::max(diff, (now[i] - first_params[i]).abs().max().item<double>());
-        scale = std::max(scale, first_params[i].abs().max().item<double>());
-      }
-      r.rel_diff = std::max(round == 0 ? 0.0 : r.rel_diff, diff / scale);
+      r.rel_diff = std::max(round == 0 ? 0.0 : r.rel_diff, max_rel_diff(now, first_params));
     }
   }
   local.forward_ms = median(round_forward), local.backward_ms = median(round_backward);

@@ -18,6 +18,7 @@
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include "common/demo.h"
 #include "common/device.h"
 #include "common/memory_meter.h"
 #include "common/report.h"
@@ -43,18 +44,131 @@ struct Variant {
   bool is_copy = false;
 };
 
-int run(int argc, char** argv) {
-  const workshop::Flags flags(argc, argv,
-                              {{"device", "cpu, cuda or best (cuda: step 6's kernels, built where nvcc was found)"},
-                               {"quick", "small, fast settings (1M floats per tensor)"},
-                               {"csv_dir", "write the table as CSV here and append the summary"},
-                               {"numel", "elements per tensor (default 16777216 = 64 MiB of float32; quick 1M)"},
-                               {"rounds", "rounds; each variant is timed in every round (default 3)"},
-                               {"repeats", "timed calls per variant and round (default 5)"},
-                               {"threads", "ATen intra-op threads (default: LibTorch's own choice)"},
-                               {"small", "elements per tensor in the many-parameters table (default 4096)"}});
-  const bool quick = flags.has("quick");
-  const c10::Device device = workshop::parse_device(flags.get("device", "cpu"));
+double gbps(int64_t bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
+
+double fastest_ms(const Variant& v) { return *std::min_element(v.samples.begin(), v.samples.end()); }
+
+// Warm-up excluded: `rounds` rounds of `repeats` timed calls of every variant in turn, interleaved.
+void time_rounds(std::vector<Variant>& variants, c10::Device device, int rounds, int repeats) {
+  for (int r = 0; r < rounds; ++r) {
+    for (Variant& v : variants) {
+      const workshop::Timing t = workshop::time_repeated(device, v.step, 0, repeats);
+      v.samples.insert(v.samples.end(), t.samples_ms.begin(), t.samples_ms.end());
+    }
+  }
+}
+
+double median_of(const std::vector<Variant>& variants, const std::string& name) {
+  for (const Variant& v : variants) {
+    if (v.name == name) return workshop::median(v.samples);
+  }
+  TORCH_CHECK(false, "lesson 6 demo: no variant named ", name);
+  return 0;
+}
+
+// The single-tensor table and the page's goals, each with this run's figure.
+void report_single(const std::vector<Variant>& variants, int64_t n, int64_t copy_bytes, const std::string& csv_dir) {
+  // The ceiling is a best case: the fastest single call of any of the three copies over all rounds (the copies
+  // ran interleaved with the steps, so a quiet moment of the run counts for them as it could for the steps).
+  double ceiling = 0;
+  for (const Variant& v : variants) {
+    if (v.is_copy) ceiling = std::max(ceiling, gbps(v.napkin_bytes, fastest_ms(v)));
+  }
+  const double torch_ms = median_of(variants, "torch::optim::AdamW");
+  workshop::Table table("lesson6_fusion", {"variant", "passes", "napkin MiB", "median ms", "min ms", "GB/s",
+                                           "of copy ceiling", "allocated MiB", "vs torch AdamW"});
+  for (const Variant& v : variants) {
+    const double ms = workshop::median(v.samples);
+    const double rate = gbps(v.napkin_bytes, ms);
+    const double fraction = 100.0 * rate / ceiling;
+    // A median above the best copy means the napkin over-counts what reaches memory (caches): no fraction is
+    // printed for it.
+    const std::string of_ceiling = fraction > 100.0 ? "suspect" : workshop::fixed(fraction, 0) + "%";
+    table.add({v.name, std::to_string(v.passes), workshop::fixed(v.napkin_bytes / kMiB, 0), workshop::fixed(ms, 2),
+               workshop::fixed(fastest_ms(v), 2), workshop::fixed(rate, 2), of_ceiling,
+               workshop::fixed(v.allocated_bytes / kMiB, 1),
+               v.is_copy ? "-" : workshop::fixed(torch_ms / ms, 2) + "x"});
+  }
+  table.emit(csv_dir);
+  std::cout << "napkin MiB: bytes read + written if every op streams its operands from memory once (step 1); GB/s "
+               "= napkin bytes / median time.\n"
+            << "copy ceiling: the fastest single call of the copies over all rounds, " << workshop::fixed(ceiling, 2)
+            << " GB/s, copying " << workshop::mib(static_cast<double>(copy_bytes))
+            << " (the fused step's bytes: half read, half written); of copy ceiling: a row's median rate against it, "
+               "'suspect' where the median beats it (the napkin then over-counts, e.g. tensors in cache).\n"
+            << "allocated: peak bytes one call allocates (the device's counting allocator): the unfused step's two "
+               "temporaries.\n";
+
+  // The lesson page's goals ("Measured"), each with this run's figure: a kernel can pass every check and still
+  // be slow (one that loads and stores every vector with the counted loadu/store runs at half the speed).
+  const double fused_ms = median_of(variants, "fused op (float32)");
+  const double bf16_ms = median_of(variants, "fused op (bfloat16 param)");
+  const double f32_fraction = 100.0 * gbps(fusion::fused_adamw_traffic(n, torch::kFloat).total(), fused_ms) / ceiling;
+  const double bf16_fraction =
+      100.0 * gbps(fusion::fused_adamw_traffic(n, torch::kBFloat16).total(), bf16_ms) / ceiling;
+  const auto goal = [](const std::string& what, const std::string& got, bool met) {
+    std::cout << "  " << what << ": " << got << " -> " << (met ? "met" : "NOT MET") << "\n";
+  };
+  std::cout << "\nGoals of the lesson page (set for 64 MiB per tensor"
+            << (n < (int64_t{1} << 24) ? "; this run is smaller, where caches flatter every row" : "") << "):\n";
+  goal("fused float32 at least 3x faster than torch::optim::AdamW", workshop::fixed(torch_ms / fused_ms, 2) + "x",
+       torch_ms / fused_ms >= 3.0);
+  goal("fused float32 at least 70% of the copy ceiling", workshop::fixed(f32_fraction, 0) + "%", f32_fraction >= 70.0);
+  goal("fused bfloat16 parameter at least 60% of the copy ceiling", workshop::fixed(bf16_fraction, 0) + "%",
+       bf16_fraction >= 60.0);
+}
+
+// The same number of elements as many small parameters, as a model has them: one multi-tensor call against one
+// call per tensor and against torch::optim::AdamW over the list.
+void many_parameters(const workshop::Demo& demo, int64_t n, const fusion::AdamWHyper& hyper, int rounds, int repeats) {
+  const torch::TensorOptions on = torch::TensorOptions().device(demo.device);
+  const int64_t small = demo.flags.get_int("small", 4096);
+  const int64_t count = std::max<int64_t>(1, n / small);
+  std::vector<torch::Tensor> grads_many, ps_multi, ms_multi, vs_multi, ps_loop, ms_loop, vs_loop, ps_torch;
+  for (int64_t i = 0; i < count; ++i) {
+    const torch::Tensor p0 = torch::randn({small}, on);
+    grads_many.push_back(torch::randn({small}, on));
+    ps_multi.push_back(p0.clone());
+    ps_loop.push_back(p0.clone());
+    ps_torch.push_back(p0.clone().requires_grad_(true));
+    ps_torch.back().mutable_grad() = grads_many.back().clone();
+    for (auto* state : {&ms_multi, &vs_multi, &ms_loop, &vs_loop}) state->push_back(torch::zeros({small}, on));
+  }
+  torch::optim::AdamW optimizer_many(ps_torch, fusion::adamw_options(hyper));
+  int64_t step_multi = 0, step_loop = 0;
+  const int64_t many_bytes = fusion::fused_adamw_traffic(count * small, torch::kFloat).total();
+  const fusion::Traffic unfused = fusion::unfused_adamw_traffic(count * small, torch::kFloat, true);
+  std::vector<Variant> many;
+  many.push_back({"fused_adamw_multi_ (one call)", 1, many_bytes,
+                  [&] { fusion::fused_adamw_multi_(ps_multi, grads_many, ms_multi, vs_multi, hyper, ++step_multi); }});
+  many.push_back({"fused_adamw_ (one call per tensor)", count, many_bytes, [&] {
+                    ++step_loop;
+                    for (int64_t i = 0; i < count; ++i) {
+                      fusion::fused_adamw_(ps_loop[i], grads_many[i], ms_loop[i], vs_loop[i], hyper, step_loop);
+                    }
+                  }});
+  many.push_back({"torch::optim::AdamW", count * unfused.passes, unfused.total(), [&] { optimizer_many.step(); }});
+  for (Variant& v : many) v.step();
+  time_rounds(many, demo.device, rounds, repeats);
+  const double many_torch_ms = workshop::median(many.back().samples);
+  std::cout << "\nMany parameters: " << count << " tensors of " << small << " float32 elements ("
+            << workshop::mib(4.0 * count * small) << " per list)\n";
+  workshop::Table many_table("lesson6_many", {"variant", "calls per step", "median ms", "min ms", "GB/s (fused napkin)",
+                                              "vs torch AdamW"});
+  for (const Variant& v : many) {
+    const double ms = workshop::median(v.samples);
+    many_table.add({v.name, std::to_string(v.passes), workshop::fixed(ms, 2), workshop::fixed(fastest_ms(v), 2),
+                    workshop::fixed(gbps(many_bytes, ms), 2), workshop::fixed(many_torch_ms / ms, 2) + "x"});
+  }
+  many_table.emit(demo.csv_dir);
+  std::cout << "calls per step: operator calls (torch::optim::AdamW: tensor ops). GB/s: the fused step's napkin bytes "
+               "/ median time, for every row.\n";
+}
+
+int run(const workshop::Demo& demo) {
+  const workshop::Flags& flags = demo.flags;
+  const bool quick = demo.quick;
+  const c10::Device device = demo.device;
   TORCH_CHECK(device.is_cpu() || fusion::has_cuda_kernel(),
               "lesson 6 demo: workshop::fused_adamw_ has no CUDA kernel in this build (step 6's kernels are built "
               "where LibTorch has CUDA and Bazel found nvcc)");
@@ -62,7 +176,7 @@ int run(int argc, char** argv) {
   const int64_t n = flags.get_int("numel", quick ? (int64_t{1} << 20) : (int64_t{1} << 24));
   const int rounds = static_cast<int>(flags.get_int("rounds", 3));
   const int repeats = static_cast<int>(flags.get_int("repeats", 5));
-  const std::string csv_dir = flags.get("csv_dir", "");
+  const std::string& csv_dir = demo.csv_dir;
   if (flags.has("threads")) at::set_num_threads(static_cast<int>(flags.get_int("threads", 1)));
 
   std::cout << "Lesson 6 — fused kernels: one AdamW step\n"
@@ -126,125 +240,17 @@ int run(int argc, char** argv) {
     v.step();
     v.allocated_bytes = meter.peak_bytes();
   }
-  for (int r = 0; r < rounds; ++r) {
-    for (Variant& v : variants) {
-      const workshop::Timing t = workshop::time_repeated(device, v.step, 0, repeats);
-      v.samples.insert(v.samples.end(), t.samples_ms.begin(), t.samples_ms.end());
-    }
-  }
+  time_rounds(variants, device, rounds, repeats);
+  report_single(variants, n, copy_bytes, csv_dir);
+  const double torch_ms = median_of(variants, "torch::optim::AdamW");
+  const double fused_ms = median_of(variants, "fused op (float32)");
 
-  auto gbps = [](int64_t bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; };
-  // The ceiling is a best case: the fastest single call of any of the three copies over all rounds (the copies
-  // ran interleaved with the steps, so a quiet moment of the run counts for them as it could for the steps).
-  double ceiling = 0;
-  for (const Variant& v : variants) {
-    if (v.is_copy)
-      ceiling = std::max(ceiling, gbps(v.napkin_bytes, *std::min_element(v.samples.begin(), v.samples.end())));
-  }
-  double torch_ms = 0, fused_ms = 0, bf16_ms = 0;
-  for (const Variant& v : variants) {
-    if (v.name == "torch::optim::AdamW") torch_ms = workshop::median(v.samples);
-    if (v.name == "fused op (float32)") fused_ms = workshop::median(v.samples);
-    if (v.name == "fused op (bfloat16 param)") bf16_ms = workshop::median(v.samples);
-  }
-
-  workshop::Table table("lesson6_fusion", {"variant", "passes", "napkin MiB", "median ms", "min ms", "GB/s",
-                                           "of copy ceiling", "allocated MiB", "vs torch AdamW"});
-  for (const Variant& v : variants) {
-    const double ms = workshop::median(v.samples);
-    const double rate = gbps(v.napkin_bytes, ms);
-    const double fraction = 100.0 * rate / ceiling;
-    // A median above the best copy means the napkin over-counts what reaches memory (caches): no fraction is
-    // printed for it.
-    const std::string of_ceiling = fraction > 100.0 ? "suspect" : workshop::fixed(fraction, 0) + "%";
-    table.add({v.name, std::to_string(v.passes), workshop::fixed(v.napkin_bytes / kMiB, 0), workshop::fixed(ms, 2),
-               workshop::fixed(*std::min_element(v.samples.begin(), v.samples.end()), 2), workshop::fixed(rate, 2),
-               of_ceiling, workshop::fixed(v.allocated_bytes / kMiB, 1),
-               v.is_copy ? "-" : workshop::fixed(torch_ms / ms, 2) + "x"});
-  }
-  table.emit(csv_dir);
-  std::cout << "napkin MiB: bytes read + written if every op streams its operands from memory once (step 1); GB/s "
-               "= napkin bytes / median time.\n"
-            << "copy ceiling: the fastest single call of the copies over all rounds, " << workshop::fixed(ceiling, 2)
-            << " GB/s, copying " << workshop::mib(static_cast<double>(copy_bytes))
-            << " (the fused step's bytes: half read, half written); of copy ceiling: a row's median rate against it, "
-               "'suspect' where the median beats it (the napkin then over-counts, e.g. tensors in cache).\n"
-            << "allocated: peak bytes one call allocates (the device's counting allocator): the unfused step's two "
-               "temporaries.\n";
-
-  // The lesson page's goals ("Measured"), each with this run's figure: a kernel can pass every check and still
-  // be slow (one that loads and stores every vector with the counted loadu/store runs at half the speed).
-  const double f32_fraction = 100.0 * gbps(fused.total(), fused_ms) / ceiling;
-  const double bf16_fraction = 100.0 * gbps(fused16.total(), bf16_ms) / ceiling;
-  const auto goal = [](const std::string& what, const std::string& got, bool met) {
-    std::cout << "  " << what << ": " << got << " -> " << (met ? "met" : "NOT MET") << "\n";
-  };
-  std::cout << "\nGoals of the lesson page (set for 64 MiB per tensor"
-            << (n < (int64_t{1} << 24) ? "; this run is smaller, where caches flatter every row" : "") << "):\n";
-  goal("fused float32 at least 3x faster than torch::optim::AdamW", workshop::fixed(torch_ms / fused_ms, 2) + "x",
-       torch_ms / fused_ms >= 3.0);
-  goal("fused float32 at least 70% of the copy ceiling", workshop::fixed(f32_fraction, 0) + "%", f32_fraction >= 70.0);
-  goal("fused bfloat16 parameter at least 60% of the copy ceiling", workshop::fixed(bf16_fraction, 0) + "%",
-       bf16_fraction >= 60.0);
-
-  // The same number of elements as many small parameters, as a model has them: one multi-tensor call against one
-  // call per tensor and against torch::optim::AdamW over the list.
   if (!c10::Dispatcher::singleton().findOp(c10::OperatorName(fusion::kMultiOpName, "")).has_value()) {
     std::cout << "\nMany parameters: left out, " << fusion::kMultiOpName
               << " is not registered yet (lesson 6, step 4 registers it).\n";
-    workshop::append_summary(csv_dir, {{"6 fused kernels", "AdamW step (ms), torch::optim::AdamW vs fused op", torch_ms,
-                                        fused_ms, workshop::device_name(device)}});
-    return 0;
+  } else {
+    many_parameters(demo, n, hyper, rounds, repeats);
   }
-  const int64_t small = flags.get_int("small", 4096);
-  const int64_t count = std::max<int64_t>(1, n / small);
-  std::vector<torch::Tensor> grads_many, ps_multi, ms_multi, vs_multi, ps_loop, ms_loop, vs_loop, ps_torch;
-  for (int64_t i = 0; i < count; ++i) {
-    const torch::Tensor p0 = torch::randn({small}, on);
-    grads_many.push_back(torch::randn({small}, on));
-    ps_multi.push_back(p0.clone());
-    ps_loop.push_back(p0.clone());
-    ps_torch.push_back(p0.clone().requires_grad_(true));
-    ps_torch.back().mutable_grad() = grads_many.back().clone();
-    for (auto* state : {&ms_multi, &vs_multi, &ms_loop, &vs_loop}) state->push_back(torch::zeros({small}, on));
-  }
-  torch::optim::AdamW optimizer_many(ps_torch, fusion::adamw_options(hyper));
-  int64_t step_multi = 0, step_loop = 0;
-  const int64_t many_bytes = fusion::fused_adamw_traffic(count * small, torch::kFloat).total();
-  std::vector<Variant> many;
-  many.push_back({"fused_adamw_multi_ (one call)", 1, many_bytes,
-                  [&] { fusion::fused_adamw_multi_(ps_multi, grads_many, ms_multi, vs_multi, hyper, ++step_multi); }});
-  many.push_back({"fused_adamw_ (one call per tensor)", count, many_bytes, [&] {
-                    ++step_loop;
-                    for (int64_t i = 0; i < count; ++i) {
-                      fusion::fused_adamw_(ps_loop[i], grads_many[i], ms_loop[i], vs_loop[i], hyper, step_loop);
-                    }
-                  }});
-  many.push_back({"torch::optim::AdamW", count * unfused.passes,
-                  fusion::unfused_adamw_traffic(count * small, torch::kFloat, true).total(),
-                  [&] { optimizer_many.step(); }});
-  for (Variant& v : many) v.step();
-  for (int r = 0; r < rounds; ++r) {
-    for (Variant& v : many) {
-      const workshop::Timing t = workshop::time_repeated(device, v.step, 0, repeats);
-      v.samples.insert(v.samples.end(), t.samples_ms.begin(), t.samples_ms.end());
-    }
-  }
-  const double many_torch_ms = workshop::median(many.back().samples);
-  std::cout << "\nMany parameters: " << count << " tensors of " << small << " float32 elements ("
-            << workshop::mib(4.0 * count * small) << " per list)\n";
-  workshop::Table many_table("lesson6_many", {"variant", "calls per step", "median ms", "min ms", "GB/s (fused napkin)",
-                                              "vs torch AdamW"});
-  for (const Variant& v : many) {
-    const double ms = workshop::median(v.samples);
-    many_table.add({v.name, std::to_string(v.passes), workshop::fixed(ms, 2),
-                    workshop::fixed(*std::min_element(v.samples.begin(), v.samples.end()), 2),
-                    workshop::fixed(gbps(many_bytes, ms), 2), workshop::fixed(many_torch_ms / ms, 2) + "x"});
-  }
-  many_table.emit(csv_dir);
-  std::cout << "calls per step: operator calls (torch::optim::AdamW: tensor ops). GB/s: the fused step's napkin bytes "
-               "/ median time, for every row.\n";
-
   workshop::append_summary(csv_dir, {{"6 fused kernels", "AdamW step (ms), torch::optim::AdamW vs fused op", torch_ms,
                                       fused_ms, workshop::device_name(device)}});
   return 0;
@@ -253,10 +259,17 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const c10::Error& error) {
-    std::cerr << "error: " << error.what_without_backtrace() << "\n";
-    return 1;
-  }
+  return workshop::demo_main(
+      argc, argv,
+      workshop::DemoOptions("Lesson 6 demo: one AdamW step three ways (the fused operator, one ATen op at a time, "
+                            "torch::optim::AdamW) beside a copy of the same bytes: napkin bytes, GB/s, the fraction "
+                            "of the ceiling.")
+          .device("cpu")
+          .device_help("cpu (default), cuda or best (cuda: step 6's kernels, built where nvcc was found)")
+          .flags({{"numel", "elements per tensor (default 16777216 = 64 MiB of float32; quick 1M)"},
+                  {"rounds", "rounds; each variant is timed in every round (default 3)"},
+                  {"repeats", "timed calls per variant and round (default 5)"},
+                  {"threads", "ATen intra-op threads (default: LibTorch's own choice)"},
+                  {"small", "elements per tensor in the many-parameters table (default 4096)"}}),
+      run);
 }

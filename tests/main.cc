@@ -1,7 +1,10 @@
 // The single doctest main of the repository. Before running, it names the device and lists the GPU-only test
 // cases that will be skipped here, with the reason (once), so a green run on a CPU machine never hides them.
 // A run whose filters select no test case at all fails: `--test-case='*step[45]*'` (doctest knows only the
-// wildcards * and ?) must not look like a pass. Each test case's name is printed, and standard output flushed, as
+// wildcards * and ?) must not look like a pass. One exception: a lesson's checks are several binaries
+// (`bazel test //lesson3_profiling:all`), so `--test-case='*step2*'` selects nothing in the binaries of the other
+// steps; given the lesson's page (--workshop-page=README.md, which lesson_test passes), a filter made only of
+// `*stepK*` passes where the page has every such step, and fails naming the lesson's steps where it does not. Each test case's name is printed, and standard output flushed, as
 // the case starts ("[workshop] case: ..."): a check that crashes the binary (an out-of-bounds write that glibc
 // notices as "corrupted double-linked list", a segfault) leaves the banner and the name of the running case in the
 // log, where doctest's own report of the crash may never be written.
@@ -9,6 +12,8 @@
 #include "tests/torch_doctest.h"
 
 #include <cstring>
+#include <fstream>
+#include <regex>
 #include <initializer_list>
 #include <iostream>
 #include <set>
@@ -80,6 +85,52 @@ bool has_option(int argc, char** argv, std::initializer_list<const char*> names)
   return false;
 }
 
+// The value of the last `--workshop-page=PATH` argument ("" if none): the lesson page whose "## Step K" headings
+// name the lesson's steps.
+std::string workshop_page(int argc, char** argv) {
+  std::string page;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg(argv[i]);
+    if (arg.rfind("--workshop-page=", 0) == 0) page = arg.substr(std::strlen("--workshop-page="));
+  }
+  return page;
+}
+
+// The step numbers of a test-case filter made only of `*stepK*` alternatives (--test-case=, -tc=, --dt-test-case=,
+// the last one given); empty if there is none or it has anything else.
+std::vector<int> step_filter(int argc, char** argv) {
+  std::string filter;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg(argv[i]);
+    for (const char* prefix : {"--test-case=", "-tc=", "--dt-test-case=", "--tc=", "-test-case=", "--dt-tc="}) {
+      if (arg.rfind(prefix, 0) == 0) filter = arg.substr(std::strlen(prefix));
+    }
+  }
+  std::vector<int> steps;
+  static const std::regex one_step(R"(\*step([0-9]+)\*)");
+  std::stringstream alternatives(filter);
+  std::string alternative;
+  std::smatch match;
+  while (std::getline(alternatives, alternative, ',')) {
+    if (!std::regex_match(alternative, match, one_step)) return {};
+    steps.push_back(std::stoi(match[1].str()));
+  }
+  return steps;
+}
+
+// The steps a lesson page has ("## Step K — ..." headings); empty if it cannot be read.
+std::set<int> page_steps(const std::string& page) {
+  std::set<int> steps;
+  std::ifstream in(page);
+  static const std::regex heading(R"(^## Step ([0-9]+)\b.*)");
+  std::string line;
+  std::smatch match;
+  while (std::getline(in, line)) {
+    if (std::regex_match(line, match, heading)) steps.insert(std::stoi(match[1].str()));
+  }
+  return steps;
+}
+
 }  // namespace
 
 REGISTER_LISTENER("workshop_selection", 1, SelectionListener);
@@ -140,6 +191,24 @@ int main(int argc, char** argv) {
   if (g_selected > 0) {
     std::cout << "[workshop] the filters select only GPU cases, skipped on this machine\n";
     return result;
+  }
+  const std::vector<int> wanted = step_filter(argc, argv);
+  const std::string page = workshop_page(argc, argv);
+  if (!wanted.empty() && !page.empty()) {
+    const std::set<int> steps = page_steps(page);
+    std::string missing, known;
+    for (int k : wanted) {
+      if (steps.count(k) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+    }
+    for (int k : steps) known += (known.empty() ? "" : ", ") + std::to_string(k);
+    if (!steps.empty() && missing.empty()) {
+      std::cout << "[workshop] no check of this target is in the selected step(s): the lesson's other targets have "
+                   "them\n";
+      return result;
+    }
+    std::cout << "[workshop] FAILED: the lesson has no step " << missing << " (its page, " << page << ", has steps "
+              << (known.empty() ? "none" : known) << ")\n";
+    return 1;
   }
   std::cout << "[workshop] FAILED: the filters select no test case. doctest's patterns know only * and ?;\n"
             << "           a comma separates alternatives: --test_arg=--test-case='*step4*,*step5*'\n";

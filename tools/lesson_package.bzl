@@ -18,6 +18,7 @@ lesson_package(N) writes, in //lessonN_*:
   <library>        the learner's files and the given *.cc, with LEARNER_COPTS (one set of flags for every lesson)
   <test>           for each of `tests`: the doctest checks <test>.cc, compiled once into <test>_checks and linked
                    with <library>; tagged "exercise" (they fail until the TODOs are done)
+  check_headers    the *.h among `checks`, shared by the check targets (only where there are some)
   demo, my_demo    demo.cc on the reference solution and on the learner's library
   sources          the folder's sources, for the maintainer checks; every *.cc, *.cu, *.h and README.md exported
 solution_package(N) writes, in //solutions/lessonN_*:
@@ -89,17 +90,27 @@ def lesson_package(number, implementation = None, header_defines = []):
     library_deps = [":headers"] + lesson.deps + ["@libtorch"]
     learner_cc = [f for f in lesson.learner if not f.endswith(".h")]
     _library(lesson, lesson.library, learner_cc + given_cc, library_deps, implementation)
+    check_headers = [f for f in lesson.checks if f.endswith(".h")]
+    if check_headers:
+        # What the checks share (lesson 5: the seeded problems of ddp_test_helpers.h), for every check target.
+        native.cc_library(
+            name = "check_headers",
+            testonly = True,
+            hdrs = check_headers,
+            deps = [":headers", "//tests:doctest_main", "@libtorch"] + lesson.check_deps,
+        )
     for test in lesson.tests:
         if test + ".cc" not in lesson.checks:
             fail("lesson %d: the check target %s has no %s.cc in `checks`" % (number, test, test))
         lesson_test(
             name = test,
             src = test + ".cc",
-            headers = [":headers"],
+            headers = [":headers"] + ([":check_headers"] if check_headers else []),
             impl = ":" + lesson.library,
             size = _field(lesson, "test_size", "small"),
             tags = ["exercise"],
             deps = lesson.check_deps,
+            page = ":README.md",
         )
     lesson_demo(
         exercise = ":" + lesson.library,
@@ -146,5 +157,6 @@ def solution_package(number, implementation = None):
             checks = home + test + "_checks",
             impl = ":" + lesson.library,
             size = _field(lesson, "test_size", "small"),
+            page = home + "README.md",
         )
     _exports()

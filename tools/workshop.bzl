@@ -13,7 +13,7 @@ COPTS = [
 # compile time; an at:: function comes with its own <ATen/ops/NAME.h>. Same meaning in LibTorch 1.13 and 2.x.
 LEARNER_COPTS = COPTS + ["-DAT_PER_OPERATOR_HEADERS"]
 
-def lesson_test(name, impl, src = None, checks = None, headers = None, tags = [], size = "small", deps = []):
+def lesson_test(name, impl, src = None, checks = None, headers = None, tags = [], size = "small", deps = [], page = None):
     """A doctest check `name` against the implementation library `impl`.
 
     Three ways to give the checks:
@@ -22,7 +22,11 @@ def lesson_test(name, impl, src = None, checks = None, headers = None, tags = []
       checks         (in solutions/) links that `<name>_checks` library with `impl`: the checks of skeleton and
                      solution are one object file, compiled once, not twice;
       src alone      compiles `src` into the test itself (+ `deps`).
+    `page`: the lesson page; with it a filter of steps that this target has no checks of passes where the page
+    has those steps (`bazel test //lessonN:all --test_arg=--test-case='*step2*'` over several targets; main.cc).
     """
+    page_args = ["--workshop-page=$(rootpath %s)" % page] if page else []
+    page_data = [page] if page else []
     if checks and src:
         fail("lesson_test %s: give src or checks, not both" % name)
     if src and headers != None:
@@ -44,6 +48,8 @@ def lesson_test(name, impl, src = None, checks = None, headers = None, tags = []
             name = name,
             size = size,
             tags = tags,
+            args = page_args,
+            data = page_data,
             deps = [checks, impl, "//tests:doctest_main", "@libtorch"],
         )
         return
@@ -53,6 +59,8 @@ def lesson_test(name, impl, src = None, checks = None, headers = None, tags = []
         srcs = [src],
         copts = COPTS,
         tags = tags,
+        args = page_args,
+        data = page_data,
         deps = [impl] + deps + [
             "//tests:doctest_main",
             "//common/compat:compat",
@@ -85,6 +93,7 @@ def lesson_demo(solution, exercise, deps = [], src = "demo.cc"):
     """The lesson's demo twice: `demo` on the reference solution `solution`, and `my_demo` on the learner's
     library `exercise` (tagged "exercise", like the learner's checks)."""
     common = deps + [
+        "//common:demo",
         "//common:device",
         "//common:memory_meter",
         "//common:report",

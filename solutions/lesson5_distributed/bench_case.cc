@@ -6,10 +6,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 
 #include "bench/harness.h"
 #include "bench/registry.h"
@@ -55,6 +57,21 @@ class ScopedEnv {
   std::string old_;
 };
 
+// --world_sizes: the numbers of ranks, each >= 1.
+std::vector<int> parse_world_sizes(const std::string& text) {
+  std::vector<int> sizes;
+  std::stringstream list(text);
+  for (std::string item; std::getline(list, item, ',');) {
+    const int n = std::atoi(item.c_str());
+    TORCH_CHECK(n >= 1, "--world_sizes: '", item, "' is not a number of ranks >= 1");
+    sizes.push_back(n);
+  }
+  return sizes;
+}
+
+const CaseFlag world_sizes_flag("world_sizes", "data parallel (l5): ranks, comma-separated (default 2,4; --quick: 2)",
+                                [](const std::string& text) { parse_world_sizes(text); });
+
 }  // namespace
 
 int lesson5_rank(int argc, char** argv) { return l5demo::maybe_run_as_rank(argc, argv); }
@@ -66,7 +83,7 @@ void lesson5(Context& c) {
   const ScopedEnv omp("OMP_NUM_THREADS", std::to_string(threads));
   std::vector<std::string> worlds;
   l5demo::Config config;
-  for (int n : c.world_sizes) {
+  for (int n : parse_world_sizes(c.flag("world_sizes", c.quick ? "2" : "2,4"))) {
     config = l5demo::config_for(c.quick, n);
     std::cout << "lesson 5: " << n << " ranks, MLP " << config.depth << " x " << config.width << ", batch "
               << config.batch << ", bucket budget " << workshop::mib(static_cast<double>(config.bucket_bytes)) << ", "
@@ -76,7 +93,9 @@ void lesson5(Context& c) {
     const std::vector<l5demo::Result> results =
         l5demo::launch(config, c.quick, std::chrono::seconds(600), &probe_ms, &probe_bytes);
     const double ceiling = dist::ring_allreduce_wire_bytes(static_cast<double>(probe_bytes), n) / (probe_ms * 1e-3);
-    c.loopback_ceilings.push_back({n, ceiling});
+    c.ceiling_rows.push_back(
+        {"all-reduce over loopback, " + std::to_string(n) + " ranks (Gloo, ring napkin bytes sent per rank)", ceiling,
+         "GB/s", "1 (median of 5)"});
     const double base_ms = results.front().median_ms;
     // Forward + backward of one rank's share: 6 FLOPs per item per weight (the GFLOP/s column is per rank).
     const double flops_per_rank = 6.0 * (config.batch / n) * config.depth * config.width * config.width;
