@@ -39,9 +39,9 @@ check "the Markdown records the load average" grep -qE "^Load: [0-9.]+ at the st
 if /usr/bin/python3 -c 'import torch' > /dev/null 2>&1; then
   echo "-- /usr/bin/python3 has torch: expecting the peer's rows"
   theirs=$(grep -c ',pytorch,' "$out/bench_cpu.csv")
-  # lesson 1: 2, lesson 2: 3, lesson 4: 4, scaler: 1 (a time, or the reason it is not available), lesson 5 (N=2):
-  # DistributedDataParallel and ZeroRedundancyOptimizer
-  check "at least 12 PyTorch rows in the CSV (got $theirs)" test "$theirs" -ge 12
+  # lesson 1: 2, lesson 2: 3, lesson 3: 2, lesson 4: 4, scaler: 1 (a time, or the reason it is not available),
+  # lesson 5 (N=2): DistributedDataParallel and ZeroRedundancyOptimizer
+  check "at least 14 PyTorch rows in the CSV (got $theirs)" test "$theirs" -ge 14
   check "the Markdown names PyTorch's version" grep -q "^Peer: PyTorch [0-9]" "$out/bench_cpu.md"
   # Every lesson-2 line of the side-by-side table has a PyTorch time and a time ratio.
   l2=$(grep -cE '^\| lesson 2: accumulation \| K=[0-9]+ [^|]*\| [0-9.]+ \| [0-9.]+ \| [0-9.]+x ' "$out/bench_cpu.md")
@@ -57,10 +57,15 @@ if /usr/bin/python3 -c 'import torch' > /dev/null 2>&1; then
   check "the lesson 6 torch::optim::AdamW line has torch.optim.AdamW's time" \
     grep -qE '^\| lesson 6: AdamW step \([^)]*\) \| torch::optim::AdamW \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x .*torch\.optim\.AdamW' \
     "$out/bench_cpu.md"
-  # 11 for lessons 1-5, lesson 6's torch.optim.AdamW, and its fused AdamW where this PyTorch has one for the CPU.
-  expected=12
+  # Lesson 3: both loops in Python, and torch.profiler's calls per step beside the lesson profiler's.
+  l3=$(grep -cE '^\| lesson 3: training loop \| [^|]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x ' "$out/bench_cpu.md")
+  check "2 lesson-3 lines with PyTorch's time and a ratio (got $l3)" test "$l3" -eq 2
+  check "lesson 3's op table has aten::to's calls per step on both sides" \
+    grep -qE '^\| aten::to \| [0-9.]+ \| [0-9.]+ \| (yes|NO) \|' "$out/bench_cpu.md"
+  # 13 for lessons 1-5, lesson 6's torch.optim.AdamW, and its fused AdamW where this PyTorch has one for the CPU.
+  expected=14
   if /usr/bin/python3 -c 'import sys, torch; v = tuple(int(x) for x in torch.__version__.split(".")[:2]); sys.exit(v < (2, 4))' \
-    > /dev/null 2>&1; then expected=13; fi
+    > /dev/null 2>&1; then expected=15; fi
   verdicts=$(grep -cE '\| (within noise|ours slower|ours faster) \|' "$out/bench_cpu.md")
   check "every compared line has a time verdict (got $verdicts of $expected)" test "$verdicts" -eq "$expected"
 else

@@ -570,7 +570,113 @@ def case_l6(device, spec):
         row(key, timing, None, what)
 
 
-CASES = {"l1": case_l1, "l2": case_l2, "l4": case_l4, "scaler": case_scaler, "l5": case_l5, "l6": case_l6}
+class PlantedTrainer:
+    """lesson3_profiling's Trainer (bottleneck_given.cc), op for op: a two-layer classifier on 8-bit "pixels",
+    SGD; slow_step() with the three planted problems, fast_step() after prepare()."""
+
+    def __init__(self, spec, device):
+        self.samples, self.batch = int(spec["samples"]), int(spec["batch"])
+        self.features, self.hidden = int(spec["features"]), int(spec["hidden"])
+        self.classes, self.lr = int(spec["classes"]), float(spec["lr"])
+        self.device, self.steps = device, 0
+        torch.manual_seed(int(spec["seed"]))
+        offset = torch.randint(0, 128, (1, self.features), dtype=torch.long)
+        self.raw = (torch.randint(0, 128, (self.samples, self.features), dtype=torch.long) + offset).to(torch.uint8)
+        teacher = torch.randn(self.features, self.classes)
+        centred = self.raw.to(torch.float) - self.raw.to(torch.float).mean(0, keepdim=True)
+        self.labels = torch.matmul(centred, teacher).argmax(1)
+        on = dict(dtype=torch.float, device=device)
+        self.w1 = (torch.randn(self.hidden, self.features) / self.features ** 0.5).to(**on).requires_grad_()
+        self.b1 = torch.zeros(self.hidden, **on).requires_grad_()
+        self.w2 = (torch.randn(self.classes, self.hidden) / self.hidden ** 0.5).to(**on).requires_grad_()
+        self.b2 = torch.zeros(self.classes, **on).requires_grad_()
+        self.loss_sum = torch.zeros((), **on)
+        self.prepared = None
+
+    def next_batch_start(self):
+        start = (self.steps % (self.samples // self.batch)) * self.batch
+        self.steps += 1
+        return start
+
+    def forward_loss(self, x, y):
+        hidden = torch.relu(torch.addmm(self.b1, x, self.w1.t()))
+        logits = torch.addmm(self.b2, hidden, self.w2.t())
+        return F.nll_loss(torch.log_softmax(logits, 1), y)
+
+    def sgd_update(self):
+        with torch.no_grad():
+            for p in (self.w1, self.b1, self.w2, self.b2):
+                p.sub_(p.grad, alpha=self.lr)
+                p.grad.zero_()
+
+    def slow_step(self):
+        start = self.next_batch_start()
+        with torch.autograd.profiler.record_function("phase:data"):
+            all_ = self.raw.to(torch.float).div(255)
+            mean, std = all_.mean(0), all_.std(0)
+            rows = [self.raw[start + i].to(torch.float).div(255).sub(mean).div(std).to(self.device)
+                    for i in range(self.batch)]
+            x = torch.stack(rows)
+            y = self.labels.narrow(0, start, self.batch).to(self.device)
+        with torch.autograd.profiler.record_function("phase:forward"):
+            loss = self.forward_loss(x, y)
+            value = loss.item()
+            if value != value:
+                raise RuntimeError("the loss is not finite")
+            self.loss_sum.add_(loss.detach())
+        with torch.autograd.profiler.record_function("phase:backward"):
+            loss.backward()
+        with torch.autograd.profiler.record_function("phase:optimizer"):
+            self.sgd_update()
+
+    def prepare(self):
+        all_ = self.raw.to(torch.float).div(255)
+        self.prepared = all_.sub(all_.mean(0)).div(all_.std(0)).to(self.device)
+        self.prepared_labels = self.labels.to(self.device)
+
+    def fast_step(self):
+        start = self.next_batch_start()
+        with torch.autograd.profiler.record_function("phase:data"):
+            x = self.prepared.narrow(0, start, self.batch)
+            y = self.prepared_labels.narrow(0, start, self.batch)
+        with torch.autograd.profiler.record_function("phase:forward"):
+            loss = self.forward_loss(x, y)
+            self.loss_sum.add_(loss.detach())
+        with torch.autograd.profiler.record_function("phase:backward"):
+            loss.backward()
+        with torch.autograd.profiler.record_function("phase:optimizer"):
+            self.sgd_update()
+
+
+def case_l3(device, spec):
+    """As solutions/lesson3_profiling/bench_case.cc: the planted loop and the fixed one, timed; then the planted loop
+    under torch.profiler (Kineto where this PyTorch has it), every op's calls per step."""
+    warmup, repeats, steps = int(spec["warmup"]), int(spec["repeats"]), int(spec["steps"])
+    slow, fast = PlantedTrainer(spec, device), PlantedTrainer(spec, device)
+    fast.prepare()
+    row("l3.slow", time_repeated(device, slow.slow_step, warmup, repeats), None, "the same loop in Python")
+    row("l3.fixed", time_repeated(device, fast.fast_step, warmup, repeats), None, "the same loop in Python")
+    kineto = hasattr(torch.autograd, "kineto_available") and torch.autograd.kineto_available()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiled = PlantedTrainer(spec, device)
+    profiled.slow_step()  # warm-up, outside the recording (as prof::profile_steps does)
+    with torch.profiler.profile(activities=activities) as recording:
+        for _ in range(steps):
+            profiled.slow_step()
+    emit("info", "l3.profiler", "torch.profiler %s, PyTorch %s" % (
+        "on Kineto" if kineto else "on the legacy profiler (this PyTorch has no Kineto)", short_version()))
+    for event in recording.key_averages():
+        calls = event.count / steps
+        self_ms = event.self_cpu_time_total / 1e3 / steps
+        # One row per op: its calls per step in the timing columns (median = min = max), its self time per step
+        # in `what`; the C++ side reads them as counts, not times.
+        row("l3.calls." + event.key, (calls, calls, calls), None, "self CPU %.3f ms per step" % self_ms)
+
+
+CASES = {"l1": case_l1, "l2": case_l2, "l3": case_l3, "l4": case_l4, "scaler": case_scaler, "l5": case_l5,
+         "l6": case_l6}
 
 
 def main():

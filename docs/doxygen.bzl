@@ -46,10 +46,12 @@ def _site_pages_impl(ctx):
         args.add("--recorded", f)
     for f in ctx.files.bench:
         args.add("--bench", f)
+    for f in ctx.files.images:
+        args.add("--image", f)
     args.add("--out", out.path)
     ctx.actions.run_shell(
         outputs = [out],
-        inputs = ctx.files.srcs + ctx.files.plots + ctx.files.recorded + ctx.files.bench +
+        inputs = ctx.files.srcs + ctx.files.plots + ctx.files.recorded + ctx.files.bench + ctx.files.images +
                  [ctx.file.generator, ctx.file.lessons, ctx.file.csv, ctx.file.mainpage, ctx.file.plots_common,
                   ctx.file.readme, ctx.file.maintainers],
         command = "python3 \"$@\"",
@@ -74,6 +76,10 @@ site_pages = rule(
         "plots": attr.label_list(allow_files = [".gp"]),
         "recorded": attr.label_list(allow_files = [".csv"], doc = "recorded GPU runs (docs/results/*.csv)"),
         "bench": attr.label_list(allow_files = [".md"], doc = "recorded //bench tables (docs/results/bench/*.md)"),
+        "images": attr.label_list(
+            allow_files = [".svg", ".png"],
+            doc = "committed pictures of recorded runs (docs/results/*.svg), for a page's \\image html",
+        ),
         "srcs": attr.label_list(allow_files = True, doc = "lesson READMEs, checks, demos, solutions"),
     },
 )

@@ -16,6 +16,7 @@ Writes into --out:
                               start" so that the side navigation does not show the course's title twice
   maintainers.md              docs/maintainers.md, the maintainers' page (id maintainers)
   images/*.png                the plots (gnuplot, docs/plots/lessonN.gp)
+  images/*.svg                committed pictures of recorded runs (--image, docs/results/*.svg)
 """
 import argparse
 import csv
@@ -23,6 +24,7 @@ import html
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -279,6 +281,7 @@ def main():
     parser.add_argument("--plots", required=True)
     parser.add_argument("--recorded", action="append", default=[])
     parser.add_argument("--bench", action="append", default=[])
+    parser.add_argument("--image", action="append", default=[], help="a committed picture, copied into images/")
     parser.add_argument("--readme", required=True)
     parser.add_argument("--maintainers", required=True)
     parser.add_argument("--out", required=True)
@@ -288,6 +291,8 @@ def main():
     ready = lessons
     images_dir = os.path.join(args.out, "images")
     os.makedirs(images_dir, exist_ok=True)
+    for picture in args.image:  # committed pictures of recorded runs, for the pages' \image html lines
+        shutil.copy(picture, os.path.join(images_dir, os.path.basename(picture)))
     csv_dir = os.path.abspath(args.csv)
 
     summary_path = os.path.join(csv_dir, "summary.csv")
