@@ -147,8 +147,7 @@ def check_page(root, path, text):
     problems = []
     lines = text.split("\n")
     sources = None  # None: no marker since the last heading; else the named files
-    file_values = {}
-    in_fence = False
+    file_values = {}  # each named file's numbers, read once per page
     for start, block in paragraphs(lines):
         joined = "\n".join(block)
         if block[0].startswith("#"):
@@ -162,13 +161,11 @@ def check_page(root, path, text):
                 if not os.path.isfile(full):
                     problems.append("%s:%d: the figures' results file %s does not exist" % (path, start, name))
                     file_values[name] = []
-                else:
+                elif name not in file_values:
                     file_values[name] = values_in(open(full, encoding="utf-8").read())
         if "napkin" in joined.lower() and not sources:
             continue  # napkin arithmetic, typed; under a marker every figure is checked, napkin or not
         for offset, raw in enumerate(block):
-            if raw.strip().startswith("```"):
-                in_fence = not in_fence
             if "\\snippet" in raw or MARKER.search(raw) or "\\ref" in raw and "results" not in raw:
                 continue
             line = strip_code_spans(raw)
