@@ -9,6 +9,7 @@
 #include <iostream>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -509,6 +510,8 @@ workshop::Table section_table(const Section& section) {
 
 // The report: everything the console, the CSV and the Markdown show, computed once.
 struct Report {
+  Report(workshop::Table ceilings_, workshop::Table main_, workshop::Table versus_)
+      : ceilings(std::move(ceilings_)), main(std::move(main_)), versus(std::move(versus_)) {}
   workshop::Table ceilings, main, versus;
   std::string device, peer_state, load, threads, date, command;
   int rounds = 1;
@@ -525,7 +528,7 @@ Report make_report(Context& c, const std::vector<Case>& cases, const Settings& s
     suspects += fractions.back().suspect ? 1 : 0;
   }
   add_run_notes(c, suspects, load);
-  Report report{ceilings_table(c), main_table(c, fractions), versus_table(c)};
+  Report report(ceilings_table(c), main_table(c, fractions), versus_table(c));
   report.device = workshop::device_name(c.device);
   report.peer_state = peer_state(*c.peer);
   report.load = describe(load);
