@@ -48,6 +48,8 @@ struct SideRow {
 /// Markdown's), the text before it (e.g. its napkin math), its columns and rows, and its lines of the bench CSV
 /// (benchmark .. note; the harness adds the run's columns: device, versions, threads, date, command).
 struct Section {
+  Section(std::string name_, std::string title_, std::string text_, std::vector<std::string> columns_)
+      : name(std::move(name_)), title(std::move(title_)), text(std::move(text_)), columns(std::move(columns_)) {}
   std::string name, title, text;
   std::vector<std::string> columns;
   std::vector<std::vector<std::string>> rows;

@@ -34,12 +34,12 @@ Traffic fused_adamw_traffic(int64_t numel, c10::ScalarType param_dtype) {
 
 // [kernel]
 void adamw_kernel_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
-                      const AdamWHyper& hyper, int64_t step) {
+                      const AdamWHyper& hyper, int64_t step, float grad_multiplier) {
   // TODO(lesson6, step 2): Compute the scalars once in double (bias corrections 1 - beta^step, the step size
   // lr / bias_correction1, the decay 1 - lr * weight_decay), then cast them to float. Cut the elements into
   // pieces of a fixed size (say 32768) and hand the pieces out with at::parallel_for(0, pieces, 1, ...); in
-  // each piece go Vectorized<float>::size() lanes at a time: load p, g, m, v,
-  // update them in torch::optim::AdamW's order (see unfused_adamw_step in fused_adamw.h), store p, m, v.
+  // each piece go Vectorized<float>::size() lanes at a time: load p, g, m, v, multiply the gradient's lanes by
+  // grad_multiplier (skip that when it is 1; never store the gradient), update them in torch::optim::AdamW's order (see unfused_adamw_step in fused_adamw.h), store p, m, v.
   // The last vector of a piece may be partial (loadu(ptr, count), store(ptr, count)); use those only
   // there, they copy a run-time number of bytes. For bfloat16 and float16
   // parameters convert the lanes to float and back (c10::BFloat16(float) rounds to nearest).
@@ -58,10 +58,15 @@ void check_adamw_args(const at::Tensor& param, const at::Tensor& grad, const at:
 // [check_args]
 
 void fused_adamw_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
-                     double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+                     double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                     const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
   check_adamw_args(param, grad, exp_avg, exp_avg_sq, hyper, step);
-  adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, step);
+  ScalerGate gate;  // step 5's scaler, only when the caller passed it
+  const bool scaler = (grad_scale && grad_scale->defined()) || (found_inf && found_inf->defined());
+  if (scaler) gate = scaler_gate_cpu("fused_adamw_", param, grad_scale, found_inf);
+  if (gate.skip) return;
+  adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, step, gate.grad_multiplier);
 }
 
 }  // namespace fusion
@@ -76,11 +81,11 @@ namespace fusion {
 // [multi_kernel]
 void adamw_multi_kernel_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                             c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
-                            const AdamWHyper& hyper, int64_t step) {
+                            const AdamWHyper& hyper, int64_t step, float grad_multiplier) {
   // TODO(lesson6, step 4): Lay the tensors end to end: offsets[i] = elements of tensors 0..i-1. Run ONE
   // parallel region over all of them, in pieces of a fixed size (as in step 2); a piece [begin, end) finds its
   // first tensor with std::upper_bound on the offsets and updates the part of each tensor it covers, with
-  // step 2's loop for that tensor's dtype.
+  // step 2's loop for that tensor's dtype (and grad_multiplier).
   TORCH_CHECK(false, "TODO(lesson6, step 4): adamw_multi_kernel_cpu() is not implemented yet");
 }
 // [multi_kernel]
@@ -99,10 +104,15 @@ void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::
 
 void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
-                           double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+                           double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                           const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
   check_adamw_multi_args(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
-  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
+  ScalerGate gate;  // step 5's scaler, only when the caller passed it (and there is a parameter to hold it to)
+  const bool scaler = (grad_scale && grad_scale->defined()) || (found_inf && found_inf->defined());
+  if (scaler && !params.empty()) gate = scaler_gate_cpu("fused_adamw_multi_", params[0], grad_scale, found_inf);
+  if (gate.skip) return;
+  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, step, gate.grad_multiplier);
 }
 
 }  // namespace fusion
@@ -138,6 +148,23 @@ void fused_unscale_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, c
   check_unscale_args(grads, found_inf, inv_scale);
   unscale_kernel_cpu(grads, found_inf, inv_scale);
 }
+
+// [scaler_gate]
+void check_scaler_args(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
+                       const c10::optional<at::Tensor>& found_inf) {
+  // TODO(lesson6, step 5): The rules of fused_adamw.h for each of the two that is given and defined, grad_scale
+  // first: one element of float32, then on param's device. Each message starts with `op`.
+  TORCH_CHECK(false, "TODO(lesson6, step 5): check_scaler_args() is not implemented yet");
+}
+
+ScalerGate scaler_gate_cpu(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
+                           const c10::optional<at::Tensor>& found_inf) {
+  // TODO(lesson6, step 5): check_scaler_args(); then skip if found_inf is given and its value is not 0 (read it
+  // with data_ptr<float>(): it is on the CPU here); else, with grad_scale given, refuse a scale that is not finite
+  // or not > 0 and return the multiplier as GradScaler computes its inverse: float(1.0 / double(scale)).
+  TORCH_CHECK(false, "TODO(lesson6, step 5): scaler_gate_cpu() is not implemented yet");
+}
+// [scaler_gate]
 
 }  // namespace fusion
 

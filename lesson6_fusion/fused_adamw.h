@@ -12,6 +12,7 @@
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/Optional.h>
 
 #include "lesson6_fusion/kernel_api.h"  // AdamWHyper; step 6: the CUDA kernels' interface
 
@@ -53,9 +54,12 @@ Traffic fused_adamw_traffic(int64_t numel, c10::ScalarType param_dtype);
 /// first), for the bias corrections. Decoupled weight decay: p *= 1 - lr * weight_decay, then the Adam update.
 /// param and grad: float32, bfloat16 or float16 (the same dtype); exp_avg and exp_avg_sq: float32. 16-bit
 /// parameters are computed in float32 and written back rounded to nearest.
+/// Every gradient element is read as float32 and multiplied by `grad_multiplier` before the update (in float32,
+/// in a register: the gradient in memory is not written). 1 leaves it as it is; step 5's scaler passes 1/scale,
+/// so that one pass both unscales and steps.
 /// Assumes inputs that check_adamw_args() accepts (it checks nothing itself).
 void adamw_kernel_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
-                      const AdamWHyper& hyper, int64_t step);
+                      const AdamWHyper& hyper, int64_t step, float grad_multiplier = 1.0f);
 
 /// Step 3. Rejects every input the kernel cannot handle, with a c10::Error whose message starts
 /// "fused_adamw_: " and names the problem:
@@ -79,17 +83,20 @@ void check_adamw_args(const at::Tensor& param, const at::Tensor& grad, const at:
                       const at::Tensor& exp_avg_sq, const AdamWHyper& hyper, int64_t step);
 
 /// Step 3. The CPU kernel of the operator workshop::fused_adamw_: check_adamw_args(), then adamw_kernel_cpu().
-/// Registered with TORCH_LIBRARY / TORCH_LIBRARY_IMPL in the lesson's .cc.
+/// Registered with TORCH_LIBRARY / TORCH_LIBRARY_IMPL in the lesson's .cc. The keyword-only grad_scale and
+/// found_inf (step 5) go to scaler_gate_cpu() when either is given (given code: nothing to write for them in step 3).
 void fused_adamw_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
-                     double beta1, double beta2, double eps, double weight_decay, int64_t step);
+                     double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                     const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf);
 
 /// Step 4. The multi-tensor kernel: one AdamW step for every tuple (params[i], grads[i], exp_avgs[i],
 /// exp_avg_sqs[i]) in ONE at::parallel_for over all their elements together, instead of one parallel region per
 /// tensor. Each tuple may have its own dtype (float32, bfloat16, float16 parameters; float32 state). The result
 /// for each tensor is bit for bit what adamw_kernel_cpu gives it. Assumes check_adamw_multi_args() accepted it.
+/// `grad_multiplier` as in adamw_kernel_cpu(), for every tuple.
 void adamw_multi_kernel_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                             c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
-                            const AdamWHyper& hyper, int64_t step);
+                            const AdamWHyper& hyper, int64_t step, float grad_multiplier = 1.0f);
 
 /// Step 4. The checks of the multi-tensor operator, each a c10::Error whose message starts
 /// "fused_adamw_multi_: ":
@@ -103,10 +110,12 @@ void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::
                             c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
                             const AdamWHyper& hyper, int64_t step);
 
-/// Step 4. The CPU kernel of workshop::fused_adamw_multi_: check_adamw_multi_args(), then adamw_multi_kernel_cpu().
+/// Step 4. The CPU kernel of workshop::fused_adamw_multi_: check_adamw_multi_args(), then adamw_multi_kernel_cpu()
+/// (grad_scale and found_inf as in fused_adamw_cpu(), checked against tuple 0's parameter).
 void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
-                           double beta1, double beta2, double eps, double weight_decay, int64_t step);
+                           double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                           const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf);
 
 /// Step 5. The fused unscale + non-finite check of lesson 1's GradScaler, as ATen's
 /// `_amp_foreach_non_finite_check_and_unscale_` computes it: multiplies every element of every gradient in
@@ -133,15 +142,42 @@ void check_unscale_args(c10::ArrayRef<at::Tensor> grads, const at::Tensor& found
 /// Step 5. The CPU kernel of workshop::fused_unscale_: check_unscale_args(), then unscale_kernel_cpu().
 void fused_unscale_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
 
+/// Step 5. What the AdamW operators do with the scaler's tensors (their keyword-only grad_scale and found_inf,
+/// as ATen's `_fused_adamw_` takes them): skip the whole update, or unscale each gradient inside the one pass.
+struct ScalerGate {
+  bool skip = false;             ///< found_inf was given and is not 0: write nothing
+  float grad_multiplier = 1.0f;  ///< float(1 / double(grad_scale)), 1 without grad_scale
+};
+
+/// Step 5. The rules for the scaler's tensors of `op` ("fused_adamw_" or "fused_adamw_multi_"), each given one
+/// (an undefined tensor counts as not given) in this order, grad_scale first, a c10::Error whose message starts
+/// "<op>: " and ends with what it got:
+///   "grad_scale must be a one-element float32 tensor"     ("found_inf must be ...")
+///   "grad_scale is not on param's device (cpu)"           ("found_inf is not on param's device (cpu)")
+/// On every device: the CUDA kernel reads both on the GPU (given_cuda.cc checks with this, then passes pointers).
+void check_scaler_args(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
+                       const c10::optional<at::Tensor>& found_inf);
+
+/// Step 5. On the CPU: check_scaler_args(), then read the two values on the host. skip when found_inf is not 0
+/// (ATen skips only when it is exactly 1; here any flag counts, e.g. one summed over several ranks);
+/// grad_multiplier = float(1.0 / double(grad_scale)), the inverse GradScaler::unscale_ multiplies by, so that the
+/// one pass equals unscaling first and then stepping, bit for bit. One more rule, read on the host:
+///   "<op>: grad_scale must be finite and > 0, got 0"
+/// (a skipped step does not look at grad_scale).
+ScalerGate scaler_gate_cpu(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
+                           const c10::optional<at::Tensor>& found_inf);
+
 /// The operators' names and schemas (what TORCH_LIBRARY and, in step 4, TORCH_LIBRARY_FRAGMENT must define).
 constexpr const char* kOpName = "workshop::fused_adamw_";
 constexpr const char* kOpSchema =
     "fused_adamw_(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, float lr, "
-    "float beta1, float beta2, float eps, float weight_decay, int step) -> ()";
+    "float beta1, float beta2, float eps, float weight_decay, int step, *, Tensor? grad_scale=None, "
+    "Tensor? found_inf=None) -> ()";
 constexpr const char* kMultiOpName = "workshop::fused_adamw_multi_";
 constexpr const char* kMultiOpSchema =
     "fused_adamw_multi_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
-    "float lr, float beta1, float beta2, float eps, float weight_decay, int step) -> ()";
+    "float lr, float beta1, float beta2, float eps, float weight_decay, int step, *, Tensor? grad_scale=None, "
+    "Tensor? found_inf=None) -> ()";
 /// The schema of ATen's `_amp_foreach_non_finite_check_and_unscale_`, under the workshop's name: lesson 1's
 /// GradScaler finds it by this name (amp::unscale_grads_fused) wherever this lesson is linked in.
 constexpr const char* kUnscaleOpName = "workshop::fused_unscale_";
@@ -155,10 +191,22 @@ constexpr const char* kUnscaleOpSchema =
 void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                   const AdamWHyper& hyper, int64_t step);
 
+/// The same with step 5's scaler tensors (keyword-only in the schema): grad_scale, found_inf (c10::nullopt or an
+/// undefined tensor: not given).
+void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                  const AdamWHyper& hyper, int64_t step, const c10::optional<at::Tensor>& grad_scale,
+                  const c10::optional<at::Tensor>& found_inf);
+
 /// Calls workshop::fused_adamw_multi_ through the dispatcher, found by name.
 void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                         const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                         const AdamWHyper& hyper, int64_t step);
+
+/// The same with step 5's scaler tensors.
+void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                        const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                        const AdamWHyper& hyper, int64_t step, const c10::optional<at::Tensor>& grad_scale,
+                        const c10::optional<at::Tensor>& found_inf);
 
 /// Calls workshop::fused_unscale_ through the dispatcher, found by name.
 void fused_unscale_(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale);

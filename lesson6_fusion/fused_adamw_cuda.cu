@@ -13,7 +13,8 @@ namespace cuda {
 
 // [cuda_kernel]
 const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_avg, float* exp_avg_sq, int64_t numel,
-                         const AdamWHyper& hyper, int64_t step, const Target& target) {
+                         const AdamWHyper& hyper, int64_t step, const Target& target, const float* grad_scale,
+                         const float* found_inf) {
   // TODO(lesson6, step 6): Step 2's scalars, on the host, in double, then cast to float. A kernel templated on the
   // element type (float, __nv_bfloat16, __half) and a pack width kWidth, written as a struct whose
   // `__host__ __device__ void operator()(Thread thread, ...) const` is the body of one thread (grid.h): a
@@ -22,6 +23,9 @@ const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_
   // pack, the same update as step 2 in float32 (mul_rn, add_rn, div_rn, fmaf pin its roundings). Packs of 4 only
   // when all four pointers are aligned to a pack, else packs of 1. Then
   // return launch<YourKernel<T, kWidth>>(launch_shape(numel, kWidth, multiprocessors(target)), target, args...).
+  // Step 5's scaler inside the kernel (pass both pointers to it; they are device memory): a thread returns before
+  // writing anything when found_inf is given and *found_inf != 0; with grad_scale given it multiplies each gradient
+  // value by float(1.0 / double(*grad_scale)) with mul_rn before the update (never storing the gradient).
   return "TODO(lesson6, step 6): launch_adamw() is not implemented yet";
 }
 // [cuda_kernel]

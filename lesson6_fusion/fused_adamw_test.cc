@@ -1,5 +1,6 @@
 // Checks for lesson 6: the napkin math (step 1), the fused kernel (step 2), the operator (step 3), the
-// multi-tensor operator (step 4) and the scaler's fused unscale (step 5).
+// multi-tensor operator (step 4), the scaler's fused unscale and the scaler in the AdamW pass (step 5), and the
+// CUDA kernels on a simulated grid on the CPU and, where there is one, on a GPU (step 6).
 // Run: bazel test //lesson6_fusion:all   (one step: --test_arg=--test-case='*step2*')
 // The oracle is LibTorch's own torch::optim::AdamW, and the one-op-at-a-time step of given.cc that follows it.
 #include "tests/torch_doctest.h"
@@ -450,6 +451,35 @@ TEST_CASE("[step2] the fused kernel allocates nothing: no temporaries, unlike th
 }
 
 // ---- step 3: the operator ------------------------------------------------------------------------------
+
+TEST_CASE("[step2] grad_multiplier: each gradient value is multiplied in float32 before the update, never stored") {
+  // What step 5's scaler passes (1/scale): the step must be the step on grad x multiplier computed in float32, for
+  // every dtype (a 16-bit gradient is not rounded again after the multiply), and the gradient stays as it was.
+  const int64_t n = 2 * 32768 + 13;  // pieces and a partial last vector
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (float multiplier : {1.0f / 65536, static_cast<float>(1.0 / 3.0), 4.0f}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(multiplier);
+      torch::manual_seed(17);
+      const torch::Tensor start = torch::randn({n}).to(dtype);
+      const torch::Tensor grad = (torch::randn({n}) * 4096).to(dtype);
+      const torch::Tensor grad_before = grad.clone();
+      State scaled = make_state(start.clone());
+      State plain = make_state(start.to(torch::kFloat));  // the float32 step on the float32 product
+      for (int64_t step = 1; step <= 2; ++step) {
+        fusion::adamw_kernel_cpu(scaled.param, grad, scaled.exp_avg, scaled.exp_avg_sq, hyper, step, multiplier);
+        fusion::adamw_kernel_cpu(plain.param, grad.to(torch::kFloat) * multiplier, plain.exp_avg, plain.exp_avg_sq,
+                                 hyper, step);
+        if (dtype != torch::kFloat) plain.param = plain.param.to(dtype).to(torch::kFloat);  // rounded each step
+      }
+      CHECK(torch::equal(scaled.param, plain.param.to(dtype)));
+      CHECK(torch::equal(scaled.exp_avg, plain.exp_avg));
+      CHECK(torch::equal(scaled.exp_avg_sq, plain.exp_avg_sq));
+      CHECK(torch::equal(grad, grad_before));
+    }
+  }
+}
 
 TEST_CASE("[step3] the dispatcher finds workshop::fused_adamw_ by name, with its schema and a CPU kernel") {
   const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(fusion::kOpName, "");
@@ -1033,6 +1063,216 @@ TEST_CASE("[step5] nothing past a gradient's end is read or written: every tail 
   }
 }
 
+namespace {
+
+// The scaler's tensors of the AdamW operators (step 5).
+struct Scaler {
+  c10::optional<at::Tensor> grad_scale, found_inf;
+};
+
+// grad_scale `scale`, found_inf `flag` (each left out when NaN).
+Scaler scaler_with(float scale, float flag) {
+  Scaler scaler;
+  if (!std::isnan(scale)) scaler.grad_scale = torch::full({1}, scale);
+  if (!std::isnan(flag)) scaler.found_inf = torch::full({1}, flag);
+  return scaler;
+}
+
+// GradScaler's inverse of a scale (lesson 1: scale.double().reciprocal().float()).
+float inverse_of(float scale) { return static_cast<float>(1.0 / static_cast<double>(scale)); }
+
+bool same_state(const State& a, const State& b) {
+  return torch::equal(a.param, b.param) && torch::equal(a.exp_avg, b.exp_avg) &&
+         torch::equal(a.exp_avg_sq, b.exp_avg_sq);
+}
+
+State copy_of(const State& s) {
+  State c;
+  c.param = s.param.clone();
+  c.exp_avg = s.exp_avg.clone();
+  c.exp_avg_sq = s.exp_avg_sq.clone();
+  c.step = s.step;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("[step5] the AdamW operators take grad_scale and found_inf as ATen's do: optional, keyword-only, last") {
+  for (const char* name : {fusion::kOpName, fusion::kMultiOpName}) {
+    CAPTURE(name);
+    const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+    const auto& args = op.schema().arguments();
+    REQUIRE(args.size() == 12);
+    CHECK(args[9].name() == "step");
+    CHECK_FALSE(args[9].kwarg_only());
+    for (size_t i : {10, 11}) {
+      CAPTURE(i);
+      CHECK(args[i].name() == (i == 10 ? "grad_scale" : "found_inf"));
+      CHECK(args[i].kwarg_only());
+      CHECK(args[i].type()->str() == "Tensor?");
+    }
+  }
+}
+
+TEST_CASE("[step5] one pass with grad_scale is GradScaler's unscale and then the step, bit for bit (float32)") {
+  // 65536: a power of two, 3: a scale whose inverse rounds, 0.5: a scale below 1.
+  const int64_t n = 40003;
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  for (float scale : {65536.0f, 3.0f, 0.5f}) {
+    for (bool with_flag : {false, true}) {  // found_inf given and 0 changes nothing
+      CAPTURE(scale);
+      CAPTURE(with_flag);
+      torch::manual_seed(19);
+      State one_pass = make_state(torch::randn({n}));
+      State two_passes = copy_of(one_pass);
+      for (int64_t step = 1; step <= 3; ++step) {
+        const torch::Tensor grad = torch::randn({n}) * scale;
+        const torch::Tensor grad_before = grad.clone();
+        fusion::fused_adamw_(one_pass.param, grad, one_pass.exp_avg, one_pass.exp_avg_sq, hyper, step,
+                             scaler_with(scale, with_flag ? 0.0f : NAN).grad_scale,
+                             scaler_with(scale, with_flag ? 0.0f : NAN).found_inf);
+        CHECK(torch::equal(grad, grad_before));  // read, never written
+        std::vector<torch::Tensor> unscaled = {grad.clone()};
+        torch::Tensor found_inf = torch::zeros({1});
+        fusion::fused_unscale_(unscaled, found_inf, torch::full({1}, inverse_of(scale)));
+        REQUIRE(found_inf.item<float>() == 0.0f);
+        fusion::fused_adamw_(two_passes.param, unscaled[0], two_passes.exp_avg, two_passes.exp_avg_sq, hyper, step);
+        CHECK(same_state(one_pass, two_passes));
+      }
+    }
+  }
+}
+
+TEST_CASE("[step5] 16-bit parameters: the float32 step on the float32 unscaled gradient, rounded once") {
+  const int64_t n = 32768 + 7;
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  for (torch::ScalarType dtype : {torch::kBFloat16, torch::kHalf}) {
+    CAPTURE(dtype_name(dtype));
+    torch::manual_seed(23);
+    const torch::Tensor start = torch::randn({n}).to(dtype);
+    const torch::Tensor grad = (torch::randn({n}) * 1024).to(dtype);
+    State scaled = make_state(start.clone());
+    fusion::fused_adamw_(scaled.param, grad, scaled.exp_avg, scaled.exp_avg_sq, hyper, 1, torch::full({1}, 1024.0f),
+                         torch::zeros({1}));
+    State master = make_state(start.to(torch::kFloat));
+    fusion::fused_adamw_(master.param, grad.to(torch::kFloat) * inverse_of(1024.0f), master.exp_avg, master.exp_avg_sq,
+                         hyper, 1);
+    CHECK(torch::equal(scaled.param, master.param.to(dtype)));
+    CHECK(torch::equal(scaled.exp_avg, master.exp_avg));
+    CHECK(torch::equal(scaled.exp_avg_sq, master.exp_avg_sq));
+  }
+}
+
+TEST_CASE("[step5] a found_inf that is not 0 skips the step: nothing written, in one tensor and in a list") {
+  // 1 as a scaler sets it, 2 as a flag summed over two ranks, NaN; with and without grad_scale; a skipped step does
+  // not look at the scale (0 here would otherwise be refused).
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  for (float flag : {1.0f, 2.0f, NAN}) {
+    for (float scale : {1024.0f, NAN, 0.0f}) {
+      CAPTURE(flag);
+      CAPTURE(scale);
+      Scaler scaler = scaler_with(scale, 0.0f);
+      scaler.found_inf = torch::full({1}, flag);
+      torch::manual_seed(29);
+      State s = make_state(torch::randn({1000}));
+      s.exp_avg.normal_();
+      s.exp_avg_sq.uniform_();
+      const State before = copy_of(s);
+      const torch::Tensor grad = torch::randn({1000});
+      fusion::fused_adamw_(s.param, grad, s.exp_avg, s.exp_avg_sq, hyper, 2, scaler.grad_scale, scaler.found_inf);
+      CHECK(same_state(s, before));
+      std::vector<torch::Tensor> params = {s.param, torch::randn({33}).to(torch::kBFloat16)};
+      const std::vector<torch::Tensor> params_before = clones(params);
+      fusion::fused_adamw_multi_(params, {grad, torch::randn({33}).to(torch::kBFloat16)},
+                                 {s.exp_avg, torch::zeros({33})}, {s.exp_avg_sq, torch::zeros({33})}, hyper, 2,
+                                 scaler.grad_scale, scaler.found_inf);
+      for (size_t i = 0; i < params.size(); ++i) CHECK(torch::equal(params[i], params_before[i]));
+      CHECK(same_state(s, before));
+    }
+  }
+}
+
+TEST_CASE("[step5] the multi-tensor operator with grad_scale gives each tuple what the single operator gives it") {
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  const std::vector<std::pair<int64_t, torch::ScalarType>> shapes = {
+      {40000, torch::kFloat}, {7, torch::kBFloat16}, {0, torch::kFloat}, {33, torch::kHalf}, {5001, torch::kFloat}};
+  torch::manual_seed(31);
+  std::vector<State> multi, single;
+  std::vector<torch::Tensor> grads;
+  for (const auto& [numel, dtype] : shapes) {
+    multi.push_back(make_state(torch::randn({numel}).to(dtype)));
+    single.push_back(copy_of(multi.back()));
+    grads.push_back((torch::randn({numel}) * 3).to(dtype));
+  }
+  std::vector<torch::Tensor> params, exp_avgs, exp_avg_sqs;
+  for (State& s : multi) {
+    params.push_back(s.param);
+    exp_avgs.push_back(s.exp_avg);
+    exp_avg_sqs.push_back(s.exp_avg_sq);
+  }
+  fusion::fused_adamw_multi_(params, grads, exp_avgs, exp_avg_sqs, hyper, 1, torch::full({1}, 3.0f), torch::zeros({1}));
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    CAPTURE(i);
+    fusion::fused_adamw_(single[i].param, grads[i], single[i].exp_avg, single[i].exp_avg_sq, hyper, 1,
+                         torch::full({1}, 3.0f), torch::zeros({1}));
+    CHECK(same_state(multi[i], single[i]));
+  }
+}
+
+TEST_CASE("[step5] bad scaler tensors give their named errors, and nothing is written") {
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  struct Bad {
+    std::string what;
+    Scaler scaler;
+    std::string message;  // after the operator's name
+  };
+  std::vector<Bad> cases = {
+      {"two-element grad_scale", {torch::ones({2}), {}}, "grad_scale must be a one-element float32 tensor, got 2"},
+      {"float64 grad_scale", {torch::ones({1}, torch::kDouble), {}}, "grad_scale must be a one-element float32 tensor"},
+      {"int found_inf", {{}, torch::zeros({1}, torch::kInt)}, "found_inf must be a one-element float32 tensor"},
+      {"empty found_inf", {{}, torch::zeros({0})}, "found_inf must be a one-element float32 tensor, got 0"},
+      {"grad_scale first", {torch::ones({3}), torch::zeros({0})}, "grad_scale must be"},
+      {"zero scale", {torch::zeros({1}), torch::zeros({1})}, "grad_scale must be finite and > 0, got 0"},
+      {"negative scale", {torch::full({1}, -2.0f), {}}, "grad_scale must be finite and > 0, got -2"},
+      {"infinite scale", {torch::full({1}, INFINITY), {}}, "grad_scale must be finite and > 0, got inf"},
+      {"NaN scale", {torch::full({1}, NAN), {}}, "grad_scale must be finite and > 0, got nan"},
+  };
+  for (const Bad& bad : cases) {
+    CAPTURE(bad.what);
+    torch::manual_seed(37);
+    State s = make_state(torch::randn({100}));
+    const State before = copy_of(s);
+    const torch::Tensor grad = torch::randn({100});
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_(s.param, grad, s.exp_avg, s.exp_avg_sq, hyper, 1, bad.scaler.grad_scale,
+                                              bad.scaler.found_inf),
+                         Contains(("fused_adamw_: " + bad.message).c_str()), c10::Error);
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_({s.param}, {grad}, {s.exp_avg}, {s.exp_avg_sq}, hyper, 1,
+                                                    bad.scaler.grad_scale, bad.scaler.found_inf),
+                         Contains(("fused_adamw_multi_: " + bad.message).c_str()), c10::Error);
+    CHECK(same_state(s, before));
+  }
+  SUBCASE("a scaler tensor on another device than the parameter") {
+    // Called as the CPU kernel directly: the dispatcher would pick the meta kernel for a meta tensor.
+    State s = make_state(torch::randn({10}));
+    const State before = copy_of(s);
+    const torch::Tensor meta = torch::empty({1}, torch::TensorOptions().device(torch::kMeta));
+    for (int which : {0, 1}) {
+      CAPTURE(which);
+      const c10::optional<at::Tensor> given = meta, none;
+      const std::string name = which == 0 ? "grad_scale" : "found_inf";
+      CHECK_THROWS_WITH_AS(fusion::fused_adamw_cpu(s.param, torch::randn({10}), s.exp_avg, s.exp_avg_sq, 1e-2, 0.9,
+                                                   0.999, 1e-8, 0.1, 1, which == 0 ? given : none,
+                                                   which == 1 ? given : none),
+                           Contains(("fused_adamw_: " + name + " is not on param's device (cpu), got meta").c_str()),
+                           c10::Error);
+      CHECK_THROWS_WITH_AS(fusion::check_scaler_args("fused_adamw_multi_", s.param, which == 0 ? given : none,
+                                                     which == 1 ? given : none),
+                           Contains(("fused_adamw_multi_: " + name + " is not on param's device").c_str()), c10::Error);
+    }
+    CHECK(same_state(s, before));
+  }
+}
+
 // ---- step 6: the kernels on a GPU ------------------------------------------------------------------------
 
 TEST_CASE("[step6] launch_shape: a thread per pack, blocks rounded up, at most 4 blocks per multiprocessor") {
@@ -1289,6 +1529,48 @@ TEST_CASE(
           }
         }
       }
+    }
+  }
+}
+
+TEST_CASE("[step6] CPU grid: the AdamW kernel unscales in its pass and skips on found_inf, read on the device") {
+  const int64_t n = 10007;  // beyond a one-multiprocessor grid's reach: the grid-stride loop goes round
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  for (int64_t offset : {0, 1}) {  // 1: a view that starts mid-pack, the one-element path
+    CAPTURE(offset);
+    torch::manual_seed(41);
+    torch::Tensor p_buffer, q_buffer;
+    const torch::Tensor start = torch::randn({n});
+    State scaled = make_state(view_in_buffer(start, offset, p_buffer));
+    State plain = make_state(view_in_buffer(start, offset, q_buffer));
+    const float scale = 3.0f, zero = 0.0f;
+    for (int64_t step = 1; step <= 2; ++step) {
+      const torch::Tensor grad = torch::randn({n}) * scale;
+      const torch::Tensor grad_before = grad.clone();
+      const torch::Tensor unscaled = grad * inverse_of(scale);  // the float32 product, as the kernel forms it
+      const char* error =
+          fusion::cuda::launch_adamw(fusion::cuda::Dtype::Float32, scaled.param.data_ptr(), grad.data_ptr(),
+                                     scaled.exp_avg.data_ptr<float>(), scaled.exp_avg_sq.data_ptr<float>(), n, hyper,
+                                     step, cpu_grid(1, 5 + step), &scale, &zero);
+      REQUIRE(error == nullptr);
+      error = fusion::cuda::launch_adamw(fusion::cuda::Dtype::Float32, plain.param.data_ptr(), unscaled.data_ptr(),
+                                         plain.exp_avg.data_ptr<float>(), plain.exp_avg_sq.data_ptr<float>(), n, hyper,
+                                         step, cpu_grid(1, 5 + step));
+      REQUIRE(error == nullptr);
+      CHECK(same_state(scaled, plain));
+      CHECK(torch::equal(grad, grad_before));
+    }
+    for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+      CAPTURE(dtype_name(dtype));
+      State s = make_state(torch::randn({n}).to(dtype));
+      const State before = copy_of(s);
+      const torch::Tensor grad = torch::randn({n}).to(dtype);
+      const float flag = 1.0f;
+      const char* error = fusion::cuda::launch_adamw(kernel_dtype(dtype), s.param.data_ptr(), grad.data_ptr(),
+                                                     s.exp_avg.data_ptr<float>(), s.exp_avg_sq.data_ptr<float>(), n,
+                                                     hyper, 1, cpu_grid(2, 3), &scale, &flag);
+      REQUIRE(error == nullptr);
+      CHECK(same_state(s, before));
     }
   }
 }

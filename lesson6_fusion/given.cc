@@ -28,26 +28,43 @@ c10::OperatorHandle find_operator(const char* name, int step) {
 }  // namespace
 
 void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
-                  const AdamWHyper& hyper, int64_t step) {
+                  const AdamWHyper& hyper, int64_t step, const c10::optional<at::Tensor>& grad_scale,
+                  const c10::optional<at::Tensor>& found_inf) {
   // Found once, by name; typed<> checks the C++ signature against the registered schema.
-  static const auto op = find_operator(kOpName, 3)
-                             .typed<void(at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, double, double,
-                                         double, double, double, int64_t)>();
+  static const auto op =
+      find_operator(kOpName, 3)
+          .typed<void(at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, double, double, double, double, double,
+                      int64_t, const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&)>();
   at::NoGradGuard no_grad;  // an optimizer step is not part of the autograd graph (parameters are leaves)
-  op.call(param, grad, exp_avg, exp_avg_sq, hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay, step);
+  op.call(param, grad, exp_avg, exp_avg_sq, hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay, step,
+          grad_scale, found_inf);
+}
+
+void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                  const AdamWHyper& hyper, int64_t step) {
+  fused_adamw_(param, grad, exp_avg, exp_avg_sq, hyper, step, c10::optional<at::Tensor>(), c10::optional<at::Tensor>());
+}
+
+void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                        const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                        const AdamWHyper& hyper, int64_t step, const c10::optional<at::Tensor>& grad_scale,
+                        const c10::optional<at::Tensor>& found_inf) {
+  static const auto op =
+      find_operator(kMultiOpName, 4)
+          .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList, double, double, double, double,
+                      double, int64_t, const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&)>();
+  // With no tensor at all the dispatcher has nothing to choose a backend (CPU, CUDA) from: nothing to do anyway.
+  if (params.empty() && grads.empty() && exp_avgs.empty() && exp_avg_sqs.empty()) return;
+  at::NoGradGuard no_grad;
+  op.call(params, grads, exp_avgs, exp_avg_sqs, hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay, step,
+          grad_scale, found_inf);
 }
 
 void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                         const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                         const AdamWHyper& hyper, int64_t step) {
-  static const auto op = find_operator(kMultiOpName, 4)
-                             .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList, double, double,
-                                         double, double, double, int64_t)>();
-  // With no tensor at all the dispatcher has nothing to choose a backend (CPU, CUDA) from: nothing to do anyway.
-  if (params.empty() && grads.empty() && exp_avgs.empty() && exp_avg_sqs.empty()) return;
-  at::NoGradGuard no_grad;
-  op.call(params, grads, exp_avgs, exp_avg_sqs, hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay,
-          step);
+  fused_adamw_multi_(params, grads, exp_avgs, exp_avg_sqs, hyper, step, c10::optional<at::Tensor>(),
+                     c10::optional<at::Tensor>());
 }
 
 void fused_unscale_(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {

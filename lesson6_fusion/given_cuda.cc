@@ -31,33 +31,53 @@ cuda::Target target_of(const at::Tensor& t) {
   return target;
 }
 
+// Step 5's scaler tensors as the kernel reads them: device pointers, or nullptr where one is not given.
+struct ScalerPointers {
+  const float* grad_scale = nullptr;
+  const float* found_inf = nullptr;
+};
+
+ScalerPointers scaler_pointers(const c10::optional<at::Tensor>& grad_scale,
+                               const c10::optional<at::Tensor>& found_inf) {
+  ScalerPointers pointers;
+  if (grad_scale && grad_scale->defined()) pointers.grad_scale = grad_scale->data_ptr<float>();
+  if (found_inf && found_inf->defined()) pointers.found_inf = found_inf->data_ptr<float>();
+  return pointers;
+}
+
 void adamw_one(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-               const AdamWHyper& hyper, int64_t step) {
+               const AdamWHyper& hyper, int64_t step, const ScalerPointers& scaler) {
   if (param.numel() == 0) return;
-  const char* error =
-      cuda::launch_adamw(cuda_dtype(param), param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr<float>(),
-                         exp_avg_sq.data_ptr<float>(), param.numel(), hyper, step, target_of(param));
+  const char* error = cuda::launch_adamw(cuda_dtype(param), param.data_ptr(), grad.data_ptr(),
+                                         exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), param.numel(), hyper,
+                                         step, target_of(param), scaler.grad_scale, scaler.found_inf);
   TORCH_CHECK(error == nullptr, "fused_adamw_ (CUDA): ", error);
 }
 
 void fused_adamw_cuda(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
-                      double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+                      double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                      const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
   check_adamw_args(param, grad, exp_avg, exp_avg_sq, hyper, step);  // step 3, the same rules on every device
+  check_scaler_args("fused_adamw_", param, grad_scale, found_inf);  // step 5; the values stay on the GPU
   const c10::cuda::CUDAGuard device(param.device());                // launch on the tensors' GPU
-  adamw_one(param, grad, exp_avg, exp_avg_sq, hyper, step);
+  adamw_one(param, grad, exp_avg, exp_avg_sq, hyper, step, scaler_pointers(grad_scale, found_inf));
 }
 
 // One launch per tensor: on a GPU a launch costs a few microseconds, next to milliseconds of memory traffic for
 // large parameters. (PyTorch's _fused_adamw_ packs many small tensors into one launch; the lesson does not.)
 void fused_adamw_multi_cuda(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                             c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
-                            double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+                            double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                            const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
   check_adamw_multi_args(params, grads, exp_avgs, exp_avg_sqs, hyper, step);  // step 4
+  if (params.empty()) return;
+  check_scaler_args("fused_adamw_multi_", params[0], grad_scale, found_inf);  // step 5
+  const ScalerPointers scaler = scaler_pointers(grad_scale, found_inf);
   for (size_t i = 0; i < params.size(); ++i) {
     const c10::cuda::CUDAGuard device(params[i].device());
-    adamw_one(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], hyper, step);
+    adamw_one(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], hyper, step, scaler);
   }
 }
 

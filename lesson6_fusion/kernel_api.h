@@ -58,8 +58,13 @@ enum class Dtype { Float32, BFloat16, Float16 };
 /// of four elements (16 bytes of float32, 8 bytes of a 16-bit type) where every pointer is aligned to its pack,
 /// one element at a time where one is not. Returns nullptr once the kernel is queued (GPU) or has run (simulated
 /// grid), or the text of the error. The caller has checked the tensors (given_cuda.cc: step 3's checks).
+/// Step 5's scaler on the device, without a host sync: `found_inf` (nullptr: none), when it points at a value
+/// that is not 0, makes every thread return before it writes anything; `grad_scale` (nullptr: none) makes each
+/// gradient element, read as float32, be multiplied by float(1.0 / double(*grad_scale)) before the update, in a
+/// register (the gradient in memory is not written). Both point into the target's memory.
 const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_avg, float* exp_avg_sq, int64_t numel,
-                         const AdamWHyper& hyper, int64_t step, const Target& target);
+                         const AdamWHyper& hyper, int64_t step, const Target& target, const float* grad_scale = nullptr,
+                         const float* found_inf = nullptr);
 
 /// Step 6. The fused unscale of step 5 on `target` for one gradient: multiplies its `numel` elements by
 /// *inv_scale (a pointer to the target's memory; 1 leaves them as they are) and sets *found_inf = 1 if any was

@@ -86,10 +86,11 @@ struct Coefficients {
   float beta2, one_minus_beta2;
   float sqrt_bias_correction2;
   float eps;
-  float neg_step_size;  // -lr / bias_correction1
+  float neg_step_size;    // -lr / bias_correction1
+  float grad_multiplier;  // step 5's 1 / scale, or 1
 };
 
-Coefficients coefficients(const AdamWHyper& h, int64_t step) {
+Coefficients coefficients(const AdamWHyper& h, int64_t step, float grad_multiplier) {
   const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(step));
   const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(step));
   Coefficients c;
@@ -101,6 +102,7 @@ Coefficients coefficients(const AdamWHyper& h, int64_t step) {
   c.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
   c.eps = static_cast<float>(h.eps);
   c.neg_step_size = static_cast<float>(-h.lr / bias_correction1);
+  c.grad_multiplier = grad_multiplier;
   return c;
 }
 
@@ -141,12 +143,15 @@ void store(T* dst, const Vec& value, int64_t count) {
 template <typename T>
 void adamw_range(T* p, const T* g, float* m, float* v, int64_t begin, int64_t end, const Coefficients& c, bool decay) {
   const Vec decay_v(c.decay), beta1(c.beta1), one_minus_beta1(c.one_minus_beta1), beta2(c.beta2),
-      one_minus_beta2(c.one_minus_beta2), sqrt_bc2(c.sqrt_bias_correction2), eps(c.eps), neg_step_size(c.neg_step_size);
+      one_minus_beta2(c.one_minus_beta2), sqrt_bc2(c.sqrt_bias_correction2), eps(c.eps), neg_step_size(c.neg_step_size),
+      multiplier(c.grad_multiplier);
+  const bool unscale = c.grad_multiplier != 1.0f;  // x * 1 is x, NaN and inf included: skip the multiply
   constexpr int64_t kLanes = Vec::size();
   for (int64_t i = begin; i < end; i += kLanes) {
     const int64_t n = std::min(kLanes, end - i);  // the last vector of the range may be partial
     Vec param = load(p + i, n);
-    const Vec grad = load(g + i, n);
+    Vec grad = load(g + i, n);
+    if (unscale) grad = grad * multiplier;  // in a register: the scaled gradient in memory is left as it is
     Vec exp_avg = load(m + i, n);
     Vec exp_avg_sq = load(v + i, n);
     // Decoupled weight decay first, on the parameter itself (not added to the gradient), as AdamW does.
@@ -188,9 +193,9 @@ void adamw_all(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, a
 }  // namespace
 
 void adamw_kernel_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
-                      const AdamWHyper& hyper, int64_t step) {
+                      const AdamWHyper& hyper, int64_t step, float grad_multiplier) {
   if (param.numel() == 0) return;
-  const Coefficients c = coefficients(hyper, step);
+  const Coefficients c = coefficients(hyper, step, grad_multiplier);
   const bool decay = hyper.weight_decay != 0;  // torch::optim::AdamW skips the multiply by 1 as well
   switch (param.scalar_type()) {
     case c10::ScalarType::Float:
@@ -263,10 +268,15 @@ void check_adamw_args(const at::Tensor& param, const at::Tensor& grad, const at:
 // [check_args]
 
 void fused_adamw_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
-                     double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+                     double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                     const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
   check_adamw_args(param, grad, exp_avg, exp_avg_sq, hyper, step);
-  adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, step);
+  ScalerGate gate;  // step 5's scaler, only when the caller passed it
+  const bool scaler = (grad_scale && grad_scale->defined()) || (found_inf && found_inf->defined());
+  if (scaler) gate = scaler_gate_cpu("fused_adamw_", param, grad_scale, found_inf);
+  if (gate.skip) return;
+  adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, step, gate.grad_multiplier);
 }
 
 }  // namespace fusion
@@ -325,10 +335,10 @@ void update_part(const at::Tensor& param, const at::Tensor& grad, const at::Tens
 
 void adamw_multi_kernel_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                             c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
-                            const AdamWHyper& hyper, int64_t step) {
+                            const AdamWHyper& hyper, int64_t step, float grad_multiplier) {
   const std::vector<int64_t> offsets = end_to_end(params);
   if (offsets.back() == 0) return;
-  const Coefficients c = coefficients(hyper, step);
+  const Coefficients c = coefficients(hyper, step, grad_multiplier);
   const bool decay = hyper.weight_decay != 0;
   // One parallel region for the whole list.
   for_each_chunk(offsets.back(), [&](int64_t begin, int64_t end) {
@@ -397,10 +407,15 @@ void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::
 
 void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
-                           double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+                           double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                           const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
   check_adamw_multi_args(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
-  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
+  ScalerGate gate;  // step 5's scaler, only when the caller passed it (and there is a parameter to hold it to)
+  const bool scaler = (grad_scale && grad_scale->defined()) || (found_inf && found_inf->defined());
+  if (scaler && !params.empty()) gate = scaler_gate_cpu("fused_adamw_multi_", params[0], grad_scale, found_inf);
+  if (gate.skip) return;
+  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, step, gate.grad_multiplier);
 }
 
 }  // namespace fusion
@@ -504,6 +519,38 @@ void fused_unscale_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, c
   check_unscale_args(grads, found_inf, inv_scale);
   unscale_kernel_cpu(grads, found_inf, inv_scale);
 }
+
+// [scaler_gate]
+namespace {
+
+void check_scaler_tensor(const char* op, const char* name, const at::Tensor& param, const at::Tensor& t) {
+  TORCH_CHECK(t.numel() == 1 && t.scalar_type() == c10::ScalarType::Float, op, ": ", name,
+              " must be a one-element float32 tensor, got ", t.numel(), " element(s) of ", t.scalar_type());
+  TORCH_CHECK(t.device() == param.device(), op, ": ", name, " is not on param's device (", param.device(), "), got ",
+              t.device());
+}
+
+}  // namespace
+
+void check_scaler_args(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
+                       const c10::optional<at::Tensor>& found_inf) {
+  if (grad_scale && grad_scale->defined()) check_scaler_tensor(op, "grad_scale", param, *grad_scale);
+  if (found_inf && found_inf->defined()) check_scaler_tensor(op, "found_inf", param, *found_inf);
+}
+
+ScalerGate scaler_gate_cpu(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
+                           const c10::optional<at::Tensor>& found_inf) {
+  check_scaler_args(op, param, grad_scale, found_inf);
+  ScalerGate gate;
+  // Any flag that is not 0 skips (ATen's kernel skips on exactly 1): a flag summed over ranks counts too.
+  gate.skip = found_inf && found_inf->defined() && *found_inf->data_ptr<float>() != 0.0f;
+  if (gate.skip || !(grad_scale && grad_scale->defined())) return gate;
+  const float scale = *grad_scale->data_ptr<float>();
+  TORCH_CHECK(std::isfinite(scale) && scale > 0, op, ": grad_scale must be finite and > 0, got ", scale);
+  gate.grad_multiplier = static_cast<float>(1.0 / static_cast<double>(scale));  // GradScaler's inv_scale, exactly
+  return gate;
+}
+// [scaler_gate]
 
 }  // namespace fusion
 

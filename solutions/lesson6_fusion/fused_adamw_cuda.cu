@@ -65,9 +65,9 @@ __host__ __device__ inline __half from_float<__half>(float x) {
 // add_rn and div_rn (grid.h) are single roundings that the compiler may not fuse into anything else, so the order
 // is pinned, on a GPU and on the CPU grid alike.
 template <typename T>
-__host__ __device__ void update(T& p, T g, float& m, float& v, const Coefficients& c) {
+__host__ __device__ void update(T& p, T g, float& m, float& v, const Coefficients& c, float grad_multiplier) {
   float param = to_float(p);
-  const float grad = to_float(g);
+  const float grad = mul_rn(to_float(g), grad_multiplier);  // step 5's unscale, in a register (x * 1 is x)
   // p.mul_(decay)
   if (c.apply_decay) param = mul_rn(param, c.decay);
   // m.mul_(beta1).add_(g, 1 - beta1) and v.mul_(beta2).addcmul_(g, g, 1 - beta2)
@@ -85,7 +85,10 @@ __host__ __device__ void update(T& p, T g, float& m, float& v, const Coefficient
 template <typename T, int kWidth>
 struct AdamWKernel {
   __host__ __device__ void operator()(Thread thread, T* p, const T* g, float* m, float* v, int64_t numel,
-                                      Coefficients c) const {
+                                      Coefficients c, const float* grad_scale, const float* found_inf) const {
+    // Step 5's scaler, read on the device by every thread: no host sync decides whether the step happens.
+    if (found_inf != nullptr && *found_inf != 0.0f) return;
+    const float multiplier = grad_scale == nullptr ? 1.0f : static_cast<float>(1.0 / static_cast<double>(*grad_scale));
     const int64_t packs = numel / kWidth;
     for (int64_t i = thread.index(); i < packs; i += thread.stride()) {
       Pack<T, kWidth> pp = load_pack<kWidth>(p, i);
@@ -93,13 +96,13 @@ struct AdamWKernel {
       Pack<float, kWidth> mp = load_pack<kWidth>(m, i);
       Pack<float, kWidth> vp = load_pack<kWidth>(v, i);
 #pragma unroll
-      for (int k = 0; k < kWidth; ++k) update(pp.x[k], gp.x[k], mp.x[k], vp.x[k], c);
+      for (int k = 0; k < kWidth; ++k) update(pp.x[k], gp.x[k], mp.x[k], vp.x[k], c, multiplier);
       store_pack<kWidth>(p, i, pp);
       store_pack<kWidth>(m, i, mp);
       store_pack<kWidth>(v, i, vp);
     }
     const int64_t tail = packs * kWidth + thread.index();
-    if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c);
+    if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c, multiplier);
   }
 };
 
@@ -109,30 +112,31 @@ bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>
 // one is not (a view that starts mid-pack).
 template <typename T>
 const char* launch_adamw_as(T* p, const T* g, float* m, float* v, int64_t numel, const Coefficients& c,
-                            const Target& target) {
+                            const Target& target, const float* grad_scale, const float* found_inf) {
   constexpr int kWidth = 4;
   const bool packed = aligned(p, sizeof(T) * kWidth) && aligned(g, sizeof(T) * kWidth) &&
                       aligned(m, sizeof(float) * kWidth) && aligned(v, sizeof(float) * kWidth);
   const LaunchShape shape = launch_shape(numel, packed ? kWidth : 1, multiprocessors(target));
-  if (packed) return launch<AdamWKernel<T, kWidth>>(shape, target, p, g, m, v, numel, c);
-  return launch<AdamWKernel<T, 1>>(shape, target, p, g, m, v, numel, c);
+  if (packed) return launch<AdamWKernel<T, kWidth>>(shape, target, p, g, m, v, numel, c, grad_scale, found_inf);
+  return launch<AdamWKernel<T, 1>>(shape, target, p, g, m, v, numel, c, grad_scale, found_inf);
 }
 
 }  // namespace
 
 const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_avg, float* exp_avg_sq, int64_t numel,
-                         const AdamWHyper& hyper, int64_t step, const Target& target) {
+                         const AdamWHyper& hyper, int64_t step, const Target& target, const float* grad_scale,
+                         const float* found_inf) {
   const Coefficients c = coefficients(hyper, step);
   switch (dtype) {
     case Dtype::Float32:
       return launch_adamw_as(static_cast<float*>(param), static_cast<const float*>(grad), exp_avg, exp_avg_sq, numel, c,
-                             target);
+                             target, grad_scale, found_inf);
     case Dtype::BFloat16:
       return launch_adamw_as(static_cast<__nv_bfloat16*>(param), static_cast<const __nv_bfloat16*>(grad), exp_avg,
-                             exp_avg_sq, numel, c, target);
+                             exp_avg_sq, numel, c, target, grad_scale, found_inf);
     case Dtype::Float16:
       return launch_adamw_as(static_cast<__half*>(param), static_cast<const __half*>(grad), exp_avg, exp_avg_sq, numel,
-                             c, target);
+                             c, target, grad_scale, found_inf);
   }
   return "launch_adamw: unknown dtype";
 }

@@ -25,10 +25,10 @@ MUTANTS = [
      "c.neg_step_size = static_cast<float>(-h.lr);",
      "the first moment's bias correction is missing from the step size"),
     ("l6_coupled_weight_decay", L6,
-     "    const Vec grad = load(g + i, n);\n    Vec exp_avg = load(m + i, n);\n    Vec exp_avg_sq = load(v + i, n);\n"
+     "    Vec exp_avg = load(m + i, n);\n    Vec exp_avg_sq = load(v + i, n);\n"
      "    // Decoupled weight decay first, on the parameter itself (not added to the gradient), as AdamW does.\n"
      "    if (decay) param = param * decay_v;\n",
-     "    const Vec grad = load(g + i, n) + (Vec(1.f) - decay_v) * param;\n    Vec exp_avg = load(m + i, n);\n"
+     "    grad = grad + (Vec(1.f) - decay_v) * param;\n    Vec exp_avg = load(m + i, n);\n"
      "    Vec exp_avg_sq = load(v + i, n);\n",
      "L2-style (coupled) weight decay: lr * wd * p is added to the gradient instead of scaling the parameter"),
     ("l6_betas_swapped", L6,
@@ -232,7 +232,7 @@ MUTANTS = [
      "a vector width that is not a load size (3) is accepted"),
     # ---- step 6: the CUDA kernels, caught on the CPU grid (grid.h) on any machine -------------------------
     ("l6_gpu_tail_skipped", L6_CUDA,
-     "    if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c);\n",
+     "    if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c, multiplier);\n",
      "",
      "the elements after the last whole pack are never updated"),
     ("l6_gpu_tail_overlaps_last_pack", L6_CUDA,
@@ -286,10 +286,10 @@ MUTANTS = [
 # CPU grid has no streams.
 GPU_MUTANTS = [
     ("l6_gpu_stream_ignored", L6_CUDA,
-     "  if (packed) return launch<AdamWKernel<T, kWidth>>(shape, target, p, g, m, v, numel, c);\n"
-     "  return launch<AdamWKernel<T, 1>>(shape, target, p, g, m, v, numel, c);",
+     "  if (packed) return launch<AdamWKernel<T, kWidth>>(shape, target, p, g, m, v, numel, c, grad_scale, found_inf);\n"
+     "  return launch<AdamWKernel<T, 1>>(shape, target, p, g, m, v, numel, c, grad_scale, found_inf);",
      "  Target on_default = target;\n  on_default.stream = nullptr;  // the legacy default stream\n"
-     "  if (packed) return launch<AdamWKernel<T, kWidth>>(shape, on_default, p, g, m, v, numel, c);\n"
-     "  return launch<AdamWKernel<T, 1>>(shape, on_default, p, g, m, v, numel, c);",
+     "  if (packed) return launch<AdamWKernel<T, kWidth>>(shape, on_default, p, g, m, v, numel, c, grad_scale, found_inf);\n"
+     "  return launch<AdamWKernel<T, 1>>(shape, on_default, p, g, m, v, numel, c, grad_scale, found_inf);",
      "the AdamW kernel is launched on the default stream, not the caller's current stream"),
 ]
