@@ -1097,7 +1097,8 @@ State copy_of(const State& s) {
 
 }  // namespace
 
-TEST_CASE("[step5] the AdamW operators take grad_scale and found_inf as ATen's do: optional, keyword-only, last") {
+// Tagged step 4: both schemas are registered once steps 3 and 4 are done; step 5 gives the two arguments meaning.
+TEST_CASE("[step4] both AdamW operators take grad_scale and found_inf as ATen's do: optional, keyword-only, last") {
   for (const char* name : {fusion::kOpName, fusion::kMultiOpName}) {
     CAPTURE(name);
     const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");

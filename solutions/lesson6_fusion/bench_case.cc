@@ -7,6 +7,7 @@
 #include <functional>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -43,10 +44,31 @@ void lesson6(Context& c) {
   torch::Tensor p_bf16 = start.to(torch::kBFloat16), g_bf16 = grad.to(torch::kBFloat16);
   torch::Tensor m_bf16 = torch::zeros({n}, on), v_bf16 = torch::zeros({n}, on);
   int64_t step_plain = 0, step_fused = 0, step_bf16 = 0;
+  // Step 5's scaler, two ways: GradScaler's unscale_ (one pass that reads and writes every gradient) and then the
+  // step on the unscaled gradient, or the scaler's check only (inv_scale 1: read, nothing written) and then the
+  // step with grad_scale and found_inf, unscaling in its pass. The first multiplies its gradient in place, so it
+  // alternates 1/65536 and 65536 (powers of two: the values stay exact and never drift towards denormals).
+  const float scale = 65536.0f;
+  const torch::Tensor grad_scale = torch::full({1}, scale, on);
+  torch::Tensor found_inf = torch::zeros({1}, on);
+  const torch::Tensor inv_scales[] = {torch::full({1}, 1.0f / scale, on), torch::full({1}, scale, on)};
+  const torch::Tensor no_scale = torch::ones({1}, on);
+  std::vector<torch::Tensor> scaled_grad = {grad * scale};
+  torch::Tensor p_two = start.clone(), m_two = torch::zeros({n}, on), v_two = torch::zeros({n}, on);
+  torch::Tensor p_one = start.clone(), m_one = torch::zeros({n}, on), v_one = torch::zeros({n}, on);
+  int64_t step_two = 0, step_one = 0;
+  const auto plus = [n](fusion::Traffic t, int64_t read, int64_t written) {  // one more pass over a float32 tensor
+    t.bytes_read += read * 4 * n;
+    t.bytes_written += written * 4 * n;
+    t.passes += 1;
+    return t;
+  };
 
   const fusion::Traffic unfused = fusion::unfused_adamw_traffic(n, torch::kFloat, hyper.weight_decay != 0);
   const fusion::Traffic fused = fusion::fused_adamw_traffic(n, torch::kFloat);
   const fusion::Traffic fused16 = fusion::fused_adamw_traffic(n, torch::kBFloat16);
+  const fusion::Traffic unscale_then_step = plus(fused, 1, 1);    // 8 + 28 bytes per element
+  const fusion::Traffic check_then_one_pass = plus(fused, 1, 0);  // 4 + 28
   // The ceiling: reading and writing back in place as many bytes as the fused float32 step moves (half read,
   // half written), now: the fused step's own pattern (a copy pays for reading its destination too).
   const std::string ceiling = c.ceilings.in_place(c.device, fused.total() / 8, repeats);
@@ -65,6 +87,22 @@ void lesson6(Context& c) {
        "l6.fused"},
       {"fused op (bfloat16 param)", fused16,
        [&] { fusion::fused_adamw_(p_bf16, g_bf16, m_bf16, v_bf16, hyper, ++step_bf16); }, ""},
+      {"scaler: unscale_, then fused op", unscale_then_step,
+       [&] {
+         found_inf.zero_();
+         fusion::fused_unscale_(scaled_grad, found_inf, inv_scales[step_two % 2]);
+         if (found_inf.item<float>() == 0.0f) {  // the host reads the flag (on a GPU: a sync)
+           fusion::fused_adamw_(p_two, scaled_grad[0], m_two, v_two, hyper, ++step_two);
+         }
+       },
+       ""},
+      {"scaler: check, then fused op with grad_scale", check_then_one_pass,
+       [&] {
+         found_inf.zero_();
+         fusion::fused_unscale_(scaled_grad, found_inf, no_scale);  // inv_scale 1: reads, writes nothing
+         fusion::fused_adamw_(p_one, scaled_grad[0], m_one, v_one, hyper, ++step_one, grad_scale, found_inf);
+       },
+       ""},
   };
   for (const Variant& v : variants) {
     const auto t = workshop::time_repeated(c.device, v.step, warmup, repeats);
