@@ -30,6 +30,22 @@ const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_
 }
 // [cuda_kernel]
 
+// [cuda_multi]
+const char* launch_adamw_multi(Dtype dtype, const TensorPointers* tensors, int64_t count, const AdamWHyper& hyper,
+                               int64_t step, const Target& target, const float* grad_scale, const float* found_inf,
+                               int64_t* launches) {
+  // TODO(lesson6, step 6): ATen's multi_tensor_apply: a kernel argument (a struct passed by value) with the
+  // pointers of up to kMaxTensorsPerLaunch tensors and, for each of up to kMaxBlocksPerLaunch blocks, which tensor
+  // and which chunk of kChunkElements elements it updates. Walk the tensors in order (skip empty ones), each
+  // tensor's chunks in order; launch (grid: one block per chunk, kThreadsPerBlock threads) when the blocks are full
+  // or before a tensor that would not fit, and carry a tensor whose chunks go on into the next list. In the kernel,
+  // a block's threads stride over its chunk's packs by thread.threads, then its tail; step 2's update, step 5's
+  // found_inf and grad_scale as in your AdamW kernel. Packs of 4 only where every pointer of the launch is aligned.
+  // Count the launches into *launches (when not nullptr).
+  return "TODO(lesson6, step 6): launch_adamw_multi() is not implemented yet";
+}
+// [cuda_multi]
+
 // [cuda_unscale]
 const char* launch_unscale(Dtype dtype, void* grad, int64_t numel, float* found_inf, const float* inv_scale,
                            const Target& target) {

@@ -1578,6 +1578,107 @@ TEST_CASE("[step6] CPU grid: the AdamW kernel unscales in its pass and skips on 
 
 namespace {
 
+// Every state of `states` (one dtype) with its gradient, through launch_adamw_multi on the CPU grid; the launches.
+int64_t grid_adamw_multi(std::vector<State>& states, const std::vector<torch::Tensor>& grads,
+                         const fusion::AdamWHyper& hyper, int64_t step, const fusion::cuda::Target& target,
+                         const float* grad_scale = nullptr, const float* found_inf = nullptr) {
+  std::vector<fusion::cuda::TensorPointers> tensors;
+  for (size_t i = 0; i < states.size(); ++i) {
+    fusion::cuda::TensorPointers t;
+    t.param = states[i].param.data_ptr();
+    t.grad = grads[i].data_ptr();
+    t.exp_avg = states[i].exp_avg.data_ptr<float>();
+    t.exp_avg_sq = states[i].exp_avg_sq.data_ptr<float>();
+    t.numel = states[i].param.numel();
+    tensors.push_back(t);
+  }
+  int64_t launches = -1;
+  const char* error = fusion::cuda::launch_adamw_multi(kernel_dtype(states.at(0).param.scalar_type()), tensors.data(),
+                                                       static_cast<int64_t>(tensors.size()), hyper, step, target,
+                                                       grad_scale, found_inf, &launches);
+  INFO("launch_adamw_multi: " << (error == nullptr ? "ok" : error));
+  REQUIRE(error == nullptr);
+  return launches;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "[step6] CPU grid multi-tensor: each tensor gets launch_adamw's bits, in as few launches as the limits allow") {
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  const auto check_against_single = [&](std::vector<State>& multi, const std::vector<torch::Tensor>& grads,
+                                        int64_t expected_launches, const float* grad_scale) {
+    std::vector<State> single;
+    for (const State& s : multi) single.push_back(copy_of(s));
+    CHECK(grid_adamw_multi(multi, grads, hyper, 1, cpu_grid(2, 7), grad_scale) == expected_launches);
+    for (size_t i = 0; i < multi.size(); ++i) {
+      if (single[i].param.numel() == 0) continue;
+      const char* error =
+          fusion::cuda::launch_adamw(kernel_dtype(single[i].param.scalar_type()), single[i].param.data_ptr(),
+                                     grads[i].data_ptr(), single[i].exp_avg.data_ptr<float>(),
+                                     single[i].exp_avg_sq.data_ptr<float>(), single[i].param.numel(), hyper, 1,
+                                     cpu_grid(1, 3), grad_scale);
+      REQUIRE(error == nullptr);
+      CAPTURE(i);
+      CHECK(same_state(multi[i], single[i]));
+    }
+  };
+  SUBCASE("100 small float32 tensors, an empty one among them: 36 + 36 + 27 tensors, three launches") {
+    torch::manual_seed(43);
+    std::vector<State> states;
+    std::vector<torch::Tensor> grads;
+    for (int k = 0; k < 100; ++k) {
+      const int64_t numel = k == 50 ? 0 : (k * 997) % 5003 + 1;  // 1..5003 elements: tails of every length
+      states.push_back(make_state(torch::randn({numel})));
+      grads.push_back(torch::randn({numel}));
+    }
+    check_against_single(states, grads, 3, nullptr);
+  }
+  SUBCASE("grad_scale in every launch, and a found_inf of 1 writes nothing") {
+    torch::manual_seed(47);
+    std::vector<State> states;
+    std::vector<torch::Tensor> grads;
+    for (int k = 0; k < 40; ++k) {
+      states.push_back(make_state(torch::randn({k * 31 + 5}).to(torch::kHalf)));
+      grads.push_back((torch::randn({k * 31 + 5}) * 8).to(torch::kHalf));
+    }
+    const float scale = 8.0f, flag = 1.0f;
+    std::vector<State> before;
+    for (const State& s : states) before.push_back(copy_of(s));
+    CHECK(grid_adamw_multi(states, grads, hyper, 1, cpu_grid(2, 5), &scale, &flag) == 2);
+    for (size_t i = 0; i < states.size(); ++i) CHECK(same_state(states[i], before[i]));
+    check_against_single(states, grads, 2, &scale);
+  }
+  SUBCASE("views that start mid-pack: one element at a time, the same bits") {
+    torch::manual_seed(53);
+    std::vector<torch::Tensor> buffers(6);
+    std::vector<State> states;
+    std::vector<torch::Tensor> grads;
+    for (int k = 0; k < 6; ++k) {
+      states.push_back(make_state(view_in_buffer(torch::randn({70001 + k}).to(torch::kBFloat16), k % 2, buffers[k])));
+      grads.push_back(torch::randn({70001 + k}).to(torch::kBFloat16));
+    }
+    check_against_single(states, grads, 1, nullptr);  // 12 chunks: one launch
+  }
+  SUBCASE("a tensor of 321 chunks fills a launch and goes on in the next, with the two small tensors after it") {
+    torch::manual_seed(59);
+    const int64_t big = 320 * fusion::cuda::kChunkElements + 5;
+    std::vector<State> states = {make_state(torch::randn({big}).to(torch::kBFloat16)),
+                                 make_state(torch::randn({3}).to(torch::kBFloat16)),
+                                 make_state(torch::randn({65537}).to(torch::kBFloat16))};
+    std::vector<torch::Tensor> grads;
+    for (const State& s : states) grads.push_back(torch::randn({s.param.numel()}).to(torch::kBFloat16));
+    check_against_single(states, grads, 2, nullptr);
+  }
+  SUBCASE("only empty tensors: no launch") {
+    std::vector<State> states = {make_state(torch::zeros({0})), make_state(torch::zeros({0}))};
+    std::vector<torch::Tensor> grads = {torch::zeros({0}), torch::zeros({0})};
+    CHECK(grid_adamw_multi(states, grads, hyper, 1, cpu_grid(1, 1)) == 0);
+  }
+}
+
+namespace {
+
 // The GPU cases need the kernels in the binary: Bazel builds them where LibTorch has CUDA and nvcc was found.
 void require_cuda_kernels() {
   if (!WORKSHOP_CUDA_KERNELS) {

@@ -66,6 +66,35 @@ const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_
                          const AdamWHyper& hyper, int64_t step, const Target& target, const float* grad_scale = nullptr,
                          const float* found_inf = nullptr);
 
+/// One tuple of the multi-tensor AdamW step, as raw pointers to the target's memory (param and grad of the launch's
+/// dtype, the state float32), `numel` elements each.
+struct TensorPointers {
+  void* param = nullptr;
+  const void* grad = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  int64_t numel = 0;
+};
+
+/// The multi-tensor launches' limits, as ATen's multi_tensor_apply (MultiTensorApply.cuh) sets them for four lists:
+/// a launch carries the pointers of at most kMaxTensorsPerLaunch tensors and has at most kMaxBlocksPerLaunch blocks,
+/// each block one chunk of kChunkElements elements of one tensor (the last chunk of a tensor may be shorter). The
+/// chunk list travels to the GPU as the kernel's argument (a few KiB: kernel arguments are limited in size).
+constexpr int kMaxTensorsPerLaunch = 36;
+constexpr int kMaxBlocksPerLaunch = 320;
+constexpr int64_t kChunkElements = 65536;
+
+/// Step 6. One AdamW step for each of `count` tuples, all of `dtype`, in as few launches as the limits allow:
+/// the tensors are taken in order, their chunks in order, and a launch is sent when it holds kMaxBlocksPerLaunch
+/// chunks or when its next tensor would be one too many (a tensor's chunks may then go on in the next launch).
+/// Empty tensors take no chunk. Packs of four where every pointer of every tensor of the launch is aligned to a
+/// pack (and kChunkElements keeps chunks aligned), one element at a time otherwise. Each element as launch_adamw()
+/// computes it (the same update, bit for bit), step 5's grad_scale and found_inf as there. Writes the number of
+/// launches to *launches when it is not nullptr. Returns nullptr or the text of the error (the first launch's).
+const char* launch_adamw_multi(Dtype dtype, const TensorPointers* tensors, int64_t count, const AdamWHyper& hyper,
+                               int64_t step, const Target& target, const float* grad_scale, const float* found_inf,
+                               int64_t* launches);
+
 /// Step 6. The fused unscale of step 5 on `target` for one gradient: multiplies its `numel` elements by
 /// *inv_scale (a pointer to the target's memory; 1 leaves them as they are) and sets *found_inf = 1 if any was
 /// inf or NaN before the multiply; otherwise *found_inf keeps its value. Returns nullptr or the error's text.

@@ -79,6 +79,26 @@ __host__ __device__ void update(T& p, T g, float& m, float& v, const Coefficient
   p = from_float<T>(param);
 }
 
+// Pack i of the four tensors: loaded, updated lane by lane, stored.
+template <typename T, int kWidth>
+__host__ __device__ void update_pack(T* p, const T* g, float* m, float* v, int64_t i, const Coefficients& c,
+                                     float multiplier) {
+  Pack<T, kWidth> pp = load_pack<kWidth>(p, i);
+  const Pack<T, kWidth> gp = load_pack<kWidth>(g, i);
+  Pack<float, kWidth> mp = load_pack<kWidth>(m, i);
+  Pack<float, kWidth> vp = load_pack<kWidth>(v, i);
+#pragma unroll
+  for (int k = 0; k < kWidth; ++k) update(pp.x[k], gp.x[k], mp.x[k], vp.x[k], c, multiplier);
+  store_pack<kWidth>(p, i, pp);
+  store_pack<kWidth>(m, i, mp);
+  store_pack<kWidth>(v, i, vp);
+}
+
+// Step 5's multiplier, read on the device: 1 without grad_scale.
+__host__ __device__ inline float multiplier_of(const float* grad_scale) {
+  return grad_scale == nullptr ? 1.0f : static_cast<float>(1.0 / static_cast<double>(*grad_scale));
+}
+
 // The body of one thread (grid.h runs it on a GPU or on the CPU grid). Grid-stride: thread t handles packs t,
 // t + stride, ... so any grid covers every pack; the elements after the last whole pack (fewer than kWidth) go to
 // the grid's first threads, one each.
@@ -88,18 +108,10 @@ struct AdamWKernel {
                                       Coefficients c, const float* grad_scale, const float* found_inf) const {
     // Step 5's scaler, read on the device by every thread: no host sync decides whether the step happens.
     if (found_inf != nullptr && *found_inf != 0.0f) return;
-    const float multiplier = grad_scale == nullptr ? 1.0f : static_cast<float>(1.0 / static_cast<double>(*grad_scale));
+    const float multiplier = multiplier_of(grad_scale);
     const int64_t packs = numel / kWidth;
     for (int64_t i = thread.index(); i < packs; i += thread.stride()) {
-      Pack<T, kWidth> pp = load_pack<kWidth>(p, i);
-      const Pack<T, kWidth> gp = load_pack<kWidth>(g, i);
-      Pack<float, kWidth> mp = load_pack<kWidth>(m, i);
-      Pack<float, kWidth> vp = load_pack<kWidth>(v, i);
-#pragma unroll
-      for (int k = 0; k < kWidth; ++k) update(pp.x[k], gp.x[k], mp.x[k], vp.x[k], c, multiplier);
-      store_pack<kWidth>(p, i, pp);
-      store_pack<kWidth>(m, i, mp);
-      store_pack<kWidth>(v, i, vp);
+      update_pack<T, kWidth>(p, g, m, v, i, c, multiplier);
     }
     const int64_t tail = packs * kWidth + thread.index();
     if (tail < numel) update(p[tail], g[tail], m[tail], v[tail], c, multiplier);
@@ -141,6 +153,140 @@ const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_
   return "launch_adamw: unknown dtype";
 }
 // [cuda_kernel]
+
+// [cuda_multi]
+namespace {
+
+// What one multi-tensor launch carries to the GPU as its argument, by value: the tensors' pointers and, for each
+// block, which chunk of which of them it updates.
+template <typename T>
+struct ChunkList {
+  T* p[kMaxTensorsPerLaunch];
+  const T* g[kMaxTensorsPerLaunch];
+  float* m[kMaxTensorsPerLaunch];
+  float* v[kMaxTensorsPerLaunch];
+  int64_t numel[kMaxTensorsPerLaunch];
+  unsigned char block_tensor[kMaxBlocksPerLaunch];
+  int block_chunk[kMaxBlocksPerLaunch];
+};
+
+// One block, one chunk: the block's threads stride over the chunk's packs (block-stride, not grid-stride), the
+// elements after its last whole pack to its first threads, one each.
+template <typename T, int kWidth>
+struct AdamWMultiKernel {
+  __host__ __device__ void operator()(Thread thread, const ChunkList<T>& list, Coefficients c, const float* grad_scale,
+                                      const float* found_inf) const {
+    if (found_inf != nullptr && *found_inf != 0.0f) return;  // as the one-tensor kernel: no host sync
+    const float multiplier = multiplier_of(grad_scale);
+    const int t = list.block_tensor[thread.block];
+    const int64_t begin = static_cast<int64_t>(list.block_chunk[thread.block]) * kChunkElements;
+    const int64_t n = list.numel[t] - begin < kChunkElements ? list.numel[t] - begin : kChunkElements;
+    T* p = list.p[t] + begin;
+    const T* g = list.g[t] + begin;
+    float* m = list.m[t] + begin;
+    float* v = list.v[t] + begin;
+    const int64_t packs = n / kWidth;
+    for (int64_t i = thread.thread; i < packs; i += thread.threads) {
+      update_pack<T, kWidth>(p, g, m, v, i, c, multiplier);
+    }
+    const int64_t tail = packs * kWidth + thread.thread;
+    if (tail < n) update(p[tail], g[tail], m[tail], v[tail], c, multiplier);
+  }
+};
+
+// Fills chunk lists in order and launches each when it is full (ATen's multi_tensor_apply does the same walk).
+template <typename T>
+class MultiLauncher {
+ public:
+  MultiLauncher(const Coefficients& c, const Target& target, const float* grad_scale, const float* found_inf)
+      : c_(c), target_(target), grad_scale_(grad_scale), found_inf_(found_inf) {}
+
+  void add(const TensorPointers& t) {
+    if (t.numel == 0) return;
+    if (tensors_ == kMaxTensorsPerLaunch) send();
+    int slot = put(t);
+    const int64_t chunks = (t.numel + kChunkElements - 1) / kChunkElements;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      list_.block_tensor[blocks_] = static_cast<unsigned char>(slot);
+      list_.block_chunk[blocks_] = static_cast<int>(chunk);
+      if (++blocks_ == kMaxBlocksPerLaunch) {
+        send();
+        if (chunk + 1 < chunks) slot = put(t);  // the tensor goes on in the next launch
+      }
+    }
+  }
+
+  // Launches what is left; the first error, or nullptr.
+  const char* finish(int64_t* launches) {
+    send();
+    if (launches != nullptr) *launches = launches_;
+    return error_;
+  }
+
+ private:
+  int put(const TensorPointers& t) {
+    const int slot = tensors_++;
+    list_.p[slot] = static_cast<T*>(t.param);
+    list_.g[slot] = static_cast<const T*>(t.grad);
+    list_.m[slot] = t.exp_avg;
+    list_.v[slot] = t.exp_avg_sq;
+    list_.numel[slot] = t.numel;
+    packed_ = packed_ && aligned(t.param, sizeof(T) * 4) && aligned(t.grad, sizeof(T) * 4) &&
+              aligned(t.exp_avg, sizeof(float) * 4) && aligned(t.exp_avg_sq, sizeof(float) * 4);
+    return slot;
+  }
+
+  void send() {
+    if (blocks_ > 0 && error_ == nullptr) {
+      LaunchShape shape;
+      shape.blocks = blocks_;
+      shape.threads = kThreadsPerBlock;
+      error_ = packed_ ? launch<AdamWMultiKernel<T, 4>>(shape, target_, list_, c_, grad_scale_, found_inf_)
+                       : launch<AdamWMultiKernel<T, 1>>(shape, target_, list_, c_, grad_scale_, found_inf_);
+      ++launches_;
+    }
+    tensors_ = 0;
+    blocks_ = 0;
+    packed_ = true;
+  }
+
+  ChunkList<T> list_;
+  int tensors_ = 0, blocks_ = 0;
+  bool packed_ = true;
+  int64_t launches_ = 0;
+  const char* error_ = nullptr;
+  Coefficients c_;
+  Target target_;
+  const float* grad_scale_;
+  const float* found_inf_;
+};
+
+template <typename T>
+const char* launch_adamw_multi_as(const TensorPointers* tensors, int64_t count, const Coefficients& c,
+                                  const Target& target, const float* grad_scale, const float* found_inf,
+                                  int64_t* launches) {
+  MultiLauncher<T> launcher(c, target, grad_scale, found_inf);
+  for (int64_t k = 0; k < count; ++k) launcher.add(tensors[k]);
+  return launcher.finish(launches);
+}
+
+}  // namespace
+
+const char* launch_adamw_multi(Dtype dtype, const TensorPointers* tensors, int64_t count, const AdamWHyper& hyper,
+                               int64_t step, const Target& target, const float* grad_scale, const float* found_inf,
+                               int64_t* launches) {
+  const Coefficients c = coefficients(hyper, step);
+  switch (dtype) {
+    case Dtype::Float32:
+      return launch_adamw_multi_as<float>(tensors, count, c, target, grad_scale, found_inf, launches);
+    case Dtype::BFloat16:
+      return launch_adamw_multi_as<__nv_bfloat16>(tensors, count, c, target, grad_scale, found_inf, launches);
+    case Dtype::Float16:
+      return launch_adamw_multi_as<__half>(tensors, count, c, target, grad_scale, found_inf, launches);
+  }
+  return "launch_adamw_multi: unknown dtype";
+}
+// [cuda_multi]
 
 // [cuda_unscale]
 namespace {
