@@ -188,6 +188,28 @@ LESSONS = [
             "//tests:check_helpers",
         ],
     ),
+    struct(
+        number = 7,
+        dir = "lesson7_fsdp",
+        title = "Fully sharded data parallel",
+        learn = "(draft) ring reduce-scatter and all-gather on send/recv, flat padded shards, gather on demand (ZeRO-3 / FSDP)",
+        need = "CPU (ranks on loopback)",
+        draft = True,
+        tests = ["fsdp_step1_test"],
+        learner = ["fsdp.cc"],
+        headers = ["fsdp.h"],
+        checks = ["fsdp_step1_test.cc", "fsdp_test_helpers.h"],
+        given = [],
+        extra = [],
+        solution_extra = [],
+        bench = "bench_case.cc",
+        mutants = "mutants.py",
+        library = "fsdp",
+        deps = ["//solutions/lesson5_distributed:ddp"],
+        header_deps = ["//lesson5_distributed:headers"],
+        check_deps = [],
+        test_size = "medium",
+    ),
 ]
 
 def lesson_labels(suffix, prefix = ""):

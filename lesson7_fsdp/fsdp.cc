@@ -1,0 +1,54 @@
+// Lesson 7 — your code. Replace each TODO with an implementation; the checks in fsdp_step*_test.cc tell you when
+// it is right:  bazel test //lesson7_fsdp:all
+#include "lesson7_fsdp/fsdp.h"
+
+#include <string>
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
+#include <c10/util/Exception.h>
+
+namespace fsdp {
+
+// [shard_numel]
+int64_t shard_numel(int64_t numel, int world_size) {
+  // TODO(lesson7, step 1): refuse world_size <= 0 ("world_size must be > 0") and numel < 0 ("numel must be
+  // >= 0"); return numel / world_size rounded up.
+  TORCH_CHECK(false, "TODO(lesson7, step 1): shard_numel() is not implemented yet");
+}
+// [shard_numel]
+
+// [reduce_scatter_into]
+void reduce_scatter_into(dist::Comm& comm, const at::Tensor& full, const at::Tensor& shard) {
+  // TODO(lesson7, step 1): check the arguments first, on every rank, before any traffic ("is undefined", "must be
+  // contiguous", "must have the same dtype", "full has 10 elements, but 2 ranks x 4 need 8"). Then the ring: a
+  // partial sum travels right (to rank + 1 mod N) N - 1 times; each rank adds its own chunk to what arrives from
+  // the left and passes it on, so that the last arrival is the full sum of chunk comm.rank(). Post the receive
+  // and the send together (comm.recv_async, comm.send_async), then wait on both: a blocking send to a rank that
+  // is itself sending never returns.
+  TORCH_CHECK(false, "TODO(lesson7, step 1): reduce_scatter_into() is not implemented yet");
+}
+// [reduce_scatter_into]
+
+// [all_gather_into]
+void all_gather_into(dist::Comm& comm, const at::Tensor& shard, const at::Tensor& full) {
+  // TODO(lesson7, step 1): the same checks; copy shard into chunk comm.rank() of full, then N - 1 times send
+  // the chunk you got last to the right and receive the next one from the left straight into its place in full.
+  TORCH_CHECK(false, "TODO(lesson7, step 1): all_gather_into() is not implemented yet");
+}
+// [all_gather_into]
+
+// [padded_wrappers]
+at::Tensor reduce_scatter(dist::Comm& comm, const at::Tensor& tensor) {
+  // TODO(lesson7, step 1): pad tensor with zeros to N x shard_numel(numel, N), reduce_scatter_into a new shard.
+  TORCH_CHECK(false, "TODO(lesson7, step 1): reduce_scatter() is not implemented yet");
+}
+
+at::Tensor all_gather(dist::Comm& comm, const at::Tensor& shard, int64_t numel) {
+  // TODO(lesson7, step 1): refuse a shard that is not shard_numel(numel, N) long ("elements, but"),
+  // all_gather_into a padded buffer, return its first numel elements.
+  TORCH_CHECK(false, "TODO(lesson7, step 1): all_gather() is not implemented yet");
+}
+// [padded_wrappers]
+
+}  // namespace fsdp
