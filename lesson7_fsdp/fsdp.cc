@@ -51,4 +51,38 @@ at::Tensor all_gather(dist::Comm& comm, const at::Tensor& shard, int64_t numel) 
 }
 // [padded_wrappers]
 
+// [padded_numel]
+int64_t padded_numel(int64_t numel, int world_size) {
+  // TODO(lesson7, step 2): refuse world_size <= 0 ("world_size must be > 0"); numel rounded up to a multiple of
+  // world_size (shard_numel does half of it).
+  TORCH_CHECK(false, "TODO(lesson7, step 2): padded_numel() is not implemented yet");
+}
+// [padded_numel]
+
+// [flatten_and_shard]
+FlatParam flatten_and_shard(const std::vector<at::Tensor>& params, int rank, int world_size) {
+  // TODO(lesson7, step 2): refuse an empty list ("no parameters"), a parameter that is not float32 ("must be
+  // float32") and a rank outside 0 .. world_size - 1 ("outside 0 .."). Record each parameter's shape and offset,
+  // lay the parameters end to end with zeros up to padded_numel, and keep slice `rank` as the shard: a copy with
+  // its own storage (clone), a leaf that requires grad.
+  TORCH_CHECK(false, "TODO(lesson7, step 2): flatten_and_shard() is not implemented yet");
+}
+// [flatten_and_shard]
+
+// [unflatten]
+std::vector<at::Tensor> unflatten(const FlatParam& flat, const at::Tensor& full) {
+  // TODO(lesson7, step 2): refuse a buffer that is not padded_numel long ("elements, but"); return one view per
+  // parameter: narrow at its offset, view in its shape. No copies.
+  TORCH_CHECK(false, "TODO(lesson7, step 2): unflatten() is not implemented yet");
+}
+// [unflatten]
+
+// [gather_full]
+at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat) {
+  // TODO(lesson7, step 2): refuse a FlatParam made for another rank or world size ("was made for rank"); then a
+  // fresh buffer of padded_numel floats, filled by all_gather_into from the shard (detached: no autograd here).
+  TORCH_CHECK(false, "TODO(lesson7, step 2): gather_full() is not implemented yet");
+}
+// [gather_full]
+
 }  // namespace fsdp

@@ -44,4 +44,39 @@ at::Tensor reduce_scatter(dist::Comm& comm, const at::Tensor& tensor);
 at::Tensor all_gather(dist::Comm& comm, const at::Tensor& shard, int64_t numel);
 // [api_ring]
 
+// [api_flat]
+/// Step 2: FSDP's FlatParameter: one layer's parameters laid end to end in one flat buffer, padded with zeros
+/// to a multiple of N, of which this rank keeps only slice `rank` — its only persistent storage of them.
+struct FlatParam {
+  std::vector<std::vector<int64_t>> shapes;  ///< each parameter's shape, in order
+  std::vector<int64_t> offsets;              ///< where each parameter starts in the flat buffer
+  int64_t numel = 0;                         ///< the parameters' elements together
+  int64_t padded_numel = 0;                  ///< numel rounded up to a multiple of world_size
+  int rank = 0;
+  int world_size = 1;
+  /// Elements [rank * S, (rank + 1) * S) of the padded flat buffer, S = padded_numel / world_size: float32,
+  /// its own storage of exactly S elements (not a view of a bigger buffer), a leaf that requires grad (the
+  /// optimizer steps it and nothing else).
+  at::Tensor shard;
+};
+
+/// Step 2: numel rounded up to a multiple of world_size (0 stays 0). Throws "world_size must be > 0".
+int64_t padded_numel(int64_t numel, int world_size);
+
+/// Step 2: flattens `params` (float32, as many as the layer has, any shapes) into a zero-padded flat buffer of
+/// padded_numel(sum of numel, world_size) elements and keeps slice `rank` as `shard` (a copy: the caller's
+/// tensors may be freed). Throws "no parameters" for an empty list, "must be float32" for another dtype and
+/// "outside 0 .." for a rank that is not in 0 .. world_size - 1.
+FlatParam flatten_and_shard(const std::vector<at::Tensor>& params, int rank, int world_size);
+
+/// Step 2: the parameters again, as VIEWS into `full` (a gathered flat buffer of flat.padded_numel elements), in
+/// flat.shapes: no copy, so what writes one writes the other, and the views keep `full`'s storage alive.
+/// Throws "elements, but" when full is not padded_numel long.
+std::vector<at::Tensor> unflatten(const FlatParam& flat, const at::Tensor& full);
+
+/// Step 2: a new buffer of flat.padded_numel elements holding every rank's shard (all_gather_into). Throws "was made
+/// for rank" when `flat` belongs to another rank or world size than `comm`.
+at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat);
+// [api_flat]
+
 }  // namespace fsdp

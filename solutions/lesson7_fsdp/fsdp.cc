@@ -28,6 +28,12 @@ at::Tensor chunk_of(const at::Tensor& flat, int64_t i, int64_t size) { return fl
 
 int64_t mod(int64_t a, int64_t n) { return ((a % n) + n) % n; }
 
+int64_t elements_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (const int64_t d : shape) n *= d;
+  return n;
+}
+
 }  // namespace
 
 // [shard_numel]
@@ -97,5 +103,65 @@ at::Tensor all_gather(dist::Comm& comm, const at::Tensor& shard, int64_t numel) 
   return full.narrow(0, 0, numel);
 }
 // [padded_wrappers]
+
+// [padded_numel]
+int64_t padded_numel(int64_t numel, int world_size) {
+  TORCH_CHECK(world_size > 0, "padded_numel: world_size must be > 0, got ", world_size);
+  return shard_numel(numel, world_size) * world_size;
+}
+// [padded_numel]
+
+// [flatten_and_shard]
+FlatParam flatten_and_shard(const std::vector<at::Tensor>& params, int rank, int world_size) {
+  TORCH_CHECK(!params.empty(), "flatten_and_shard: no parameters");
+  TORCH_CHECK(world_size > 0, "flatten_and_shard: world_size must be > 0, got ", world_size);
+  TORCH_CHECK(rank >= 0 && rank < world_size, "flatten_and_shard: rank ", rank, " is outside 0 .. ", world_size - 1);
+  FlatParam flat;
+  flat.rank = rank;
+  flat.world_size = world_size;
+  std::vector<at::Tensor> pieces;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    TORCH_CHECK(p.defined() && p.scalar_type() == at::kFloat, "flatten_and_shard: parameter ", i,
+                " must be float32, got ", p.defined() ? c10::toString(p.scalar_type()) : "an undefined tensor");
+    flat.shapes.push_back(p.sizes().vec());
+    flat.offsets.push_back(flat.numel);
+    flat.numel += p.numel();
+    pieces.push_back(p.detach().reshape({-1}));
+  }
+  flat.padded_numel = padded_numel(flat.numel, world_size);
+  const int64_t size = flat.padded_numel / world_size;
+  pieces.push_back(at::zeros({flat.padded_numel - flat.numel}, at::kFloat));  // the padding: zeros
+  const at::Tensor whole = at::cat(pieces);
+  // clone(): the shard gets storage of its own, S elements; a view would keep the whole buffer alive.
+  flat.shard = whole.narrow(0, rank * size, size).clone().requires_grad_(true);
+  return flat;
+}
+// [flatten_and_shard]
+
+// [unflatten]
+std::vector<at::Tensor> unflatten(const FlatParam& flat, const at::Tensor& full) {
+  TORCH_CHECK(full.defined(), "unflatten: full is undefined");
+  TORCH_CHECK(full.numel() == flat.padded_numel, "unflatten: full has ", full.numel(),
+              " elements, but the FlatParam needs ", flat.padded_numel, " (padded_numel)");
+  const at::Tensor f = full.view({-1});
+  std::vector<at::Tensor> views;
+  for (size_t i = 0; i < flat.shapes.size(); ++i) {
+    views.push_back(f.narrow(0, flat.offsets[i], elements_of(flat.shapes[i])).view(flat.shapes[i]));
+  }
+  return views;
+}
+// [unflatten]
+
+// [gather_full]
+at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat) {
+  TORCH_CHECK(flat.rank == comm.rank() && flat.world_size == comm.world_size(),
+              "gather_full: the FlatParam was made for rank ", flat.rank, " of ", flat.world_size,
+              ", but this is rank ", comm.rank(), " of ", comm.world_size());
+  at::Tensor full = at::empty({flat.padded_numel}, at::kFloat);
+  all_gather_into(comm, flat.shard.detach(), full);
+  return full;
+}
+// [gather_full]
 
 }  // namespace fsdp
