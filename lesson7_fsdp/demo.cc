@@ -1,7 +1,10 @@
 // Lesson 7 demo: what a rank sends, by counting. N = 2 ranks (threads of this process, each with its own Gloo
 // group over loopback, as lesson 5's checks start them):
 //   * one payload of B bytes: Gloo's all-reduce (lesson 5) beside our ring reduce-scatter + all-gather (step 1),
-//     the bytes each rank sent as the communicator counted them, and the time (median of rank 0's runs).
+//     the bytes each rank sent as the communicator counted them, and the time (median of rank 0's runs);
+//   * one training step of an MLP with Adam, DDP-style (replicated parameters, one all-reduce of the gradients)
+//     beside fully sharded (steps 2 and 3): the bytes each rank keeps between steps (parameters, gradients,
+//     Adam's two moments, read from the tensors themselves) and the bytes it sends per step, and the step time.
 //
 //   bazel run //lesson7_fsdp:demo -- --quick        (reference solution)
 //   bazel run //lesson7_fsdp:my_demo -- --quick     (your fsdp.cc)
@@ -12,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <torch/torch.h>
 
 #include "common/device.h"
 #include "common/report.h"
@@ -59,6 +62,105 @@ Measured measure(int repeats, const std::function<void(dist::Comm&)>& op) {
   return out;
 }
 
+// The model: `layers` square Linear layers of `width` with tanh between; every rank gets the same initial values.
+std::vector<std::vector<torch::Tensor>> make_layers(int layers, int64_t width) {
+  torch::manual_seed(3);
+  std::vector<std::vector<torch::Tensor>> out;
+  for (int l = 0; l < layers; ++l) {
+    torch::nn::Linear layer(width, width);
+    out.push_back({layer->weight.detach().clone(), layer->bias.detach().clone()});
+  }
+  return out;
+}
+
+torch::Tensor layer_fn(const torch::Tensor& x, const std::vector<torch::Tensor>& p) {
+  return torch::tanh(torch::nn::functional::linear(x, p[0], p[1]));
+}
+
+// Bytes of the parameters, their gradients and Adam's state tensors that `params` hold.
+int64_t persistent_bytes(const std::vector<torch::Tensor>& params, torch::optim::Adam& adam) {
+  int64_t bytes = 0;
+  for (const auto& p : params) {
+    bytes += static_cast<int64_t>(p.nbytes());
+    if (p.grad().defined()) bytes += static_cast<int64_t>(p.grad().nbytes());
+  }
+  for (const auto& entry : adam.state()) {
+    const auto& state = static_cast<const torch::optim::AdamParamState&>(*entry.second);
+    bytes += static_cast<int64_t>(state.exp_avg().nbytes() + state.exp_avg_sq().nbytes());
+  }
+  return bytes;
+}
+
+struct StepFigures {
+  int64_t persistent = 0;  // rank 0, after the steps
+  int64_t sent = 0;        // rank 0, in one step
+  double median_ms = 0;    // rank 0
+};
+
+// `steps` steps on each rank's slice of the batch, DDP-style or sharded; rank 0's figures.
+StepFigures train(bool sharded, int layers, int64_t width, int64_t items, int steps) {
+  StepFigures out;
+  const auto init = make_layers(layers, width);
+  torch::manual_seed(4);
+  const torch::Tensor x = torch::randn({items, width}), y = torch::randn({items, width});
+  dist::run_ranks(launch(), [&](dist::Comm& comm) {
+    const int r = comm.rank(), n = comm.world_size();
+    const torch::Tensor xr = x.narrow(0, r * items / n, items / n), yr = y.narrow(0, r * items / n, items / n);
+    std::vector<std::vector<torch::Tensor>> replicas;  // DDP: every parameter on every rank
+    std::vector<fsdp::FlatParam> flats;                // sharded: a slice of each layer's flat buffer
+    std::vector<torch::Tensor> params;                 // what the optimizer steps
+    for (const auto& layer : init) {
+      if (sharded) {
+        flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+      } else {
+        replicas.emplace_back();
+        for (const auto& t : layer) replicas.back().push_back(t.clone().requires_grad_(true));
+      }
+    }
+    for (auto& flat : flats) params.push_back(flat.shard);
+    for (auto& layer : replicas) params.insert(params.end(), layer.begin(), layer.end());
+    torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-3));
+    const std::vector<fsdp::LayerFn> fns(static_cast<size_t>(layers), fsdp::LayerFn(layer_fn));
+    std::vector<double> ms;
+    for (int s = 0; s < steps; ++s) {
+      comm.barrier();
+      comm.reset_stats();
+      const auto start = std::chrono::steady_clock::now();
+      adam.zero_grad();
+      torch::Tensor h = xr;
+      for (int l = 0; l < layers; ++l) {
+        h = sharded ? fsdp::sharded_forward(comm, flats[static_cast<size_t>(l)], fns[static_cast<size_t>(l)], h)
+                    : layer_fn(h, replicas[static_cast<size_t>(l)]);
+      }
+      torch::mse_loss(h, yr).backward();
+      if (!sharded) {  // DDP-style: one all-reduce of every gradient, then the average
+        std::vector<torch::Tensor> grads;
+        for (const auto& p : params) grads.push_back(p.grad().reshape({-1}));
+        torch::Tensor flat = torch::cat(grads);
+        comm.all_reduce(flat);
+        flat.div_(n);
+        int64_t offset = 0;
+        for (const auto& p : params) {
+          p.grad().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
+          offset += p.numel();
+        }
+      }
+      adam.step();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    if (r == 0) {
+      out.persistent = persistent_bytes(params, adam);
+      const dist::CommStats& stats = comm.stats();
+      out.sent =
+          sharded
+              ? stats.send_bytes
+              : static_cast<int64_t>(dist::ring_allreduce_wire_bytes(static_cast<double>(stats.all_reduce_bytes), n));
+      out.median_ms = workshop::median(ms);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,9 +197,29 @@ int main(int argc, char** argv) {
              "napkin 2(N-1)/N x B", workshop::fixed(all_reduce.median_ms, 3)});
   table.add({"ring reduce_scatter + all_gather (step 1)", std::to_string(rings.sent_bytes), "counted",
              workshop::fixed(rings.median_ms, 3)});
-  const std::string path = table.emit(csv_dir);
+  std::string path = table.emit(csv_dir);
   if (!path.empty()) std::cout << "wrote " << path << "\n";
-  workshop::append_summary(csv_dir, {{"7 fsdp", "all-reduce of one payload: Gloo vs our two rings (ms)",
-                                      all_reduce.median_ms, rings.median_ms, workshop::device_name(c10::kCPU)}});
+
+  const int layers = 4;
+  const int64_t width = quick ? 128 : 512, items = 64;
+  const int steps = quick ? 3 : 10;
+  std::cout << "\nOne training step, " << layers << " x Linear(" << width << ", " << width << ") + tanh, Adam, "
+            << items << " items split over " << kRanks << " ranks:\n";
+  const StepFigures ddp = train(false, layers, width, items, steps);
+  const StepFigures fsdp_step = train(true, layers, width, items, steps);
+  workshop::Table steps_table("lesson7_fsdp_step",
+                              {"training", "bytes kept per rank (params, grads, Adam)", "bytes sent per rank per step",
+                               "how counted", "step ms (median, rank 0)"});
+  steps_table.add({"DDP-style: replicated, one all-reduce", std::to_string(ddp.persistent), std::to_string(ddp.sent),
+                   "napkin 2(N-1)/N x payload", workshop::fixed(ddp.median_ms, 3)});
+  steps_table.add({"fully sharded (steps 2 and 3)", std::to_string(fsdp_step.persistent),
+                   std::to_string(fsdp_step.sent), "counted", workshop::fixed(fsdp_step.median_ms, 3)});
+  path = steps_table.emit(csv_dir);
+  if (!path.empty()) std::cout << "wrote " << path << "\n";
+  std::cout << "kept: DDP / sharded = " << workshop::fixed(static_cast<double>(ddp.persistent) / fsdp_step.persistent)
+            << "; sent: sharded / DDP = " << workshop::fixed(static_cast<double>(fsdp_step.sent) / ddp.sent) << "\n";
+  workshop::append_summary(csv_dir, {{"7 fsdp", "bytes kept per rank: DDP-style vs fully sharded",
+                                      static_cast<double>(ddp.persistent), static_cast<double>(fsdp_step.persistent),
+                                      workshop::device_name(c10::kCPU)}});
   return 0;
 }

@@ -6,7 +6,10 @@
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 namespace fsdp {
 
@@ -84,5 +87,18 @@ at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat) {
   TORCH_CHECK(false, "TODO(lesson7, step 2): gather_full() is not implemented yet");
 }
 // [gather_full]
+
+// [sharded_forward]
+at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x) {
+  // TODO(lesson7, step 3): refuse a shard that is not a leaf that requires grad ("requires grad"). Then write a
+  // custom autograd function (struct L : torch::autograd::Function<L>, static forward and backward; call it with
+  // L::apply(x, flat.shard, &comm, &flat, &fn)). Its forward saves x, gathers the full buffer, returns
+  // fn(x, unflatten(...)) and lets the buffer go. Its backward gathers again, recomputes fn with autograd on
+  // (at::AutoGradMode) from a leaf copy of the buffer, takes torch::autograd::grad of it (and of x where
+  // ctx->needs_input_grad(0)), divides the buffer's gradient by N, reduce-scatters it into a new shard-sized
+  // tensor and returns {grad of x, that shard gradient, and an undefined tensor for each of the other inputs}.
+  TORCH_CHECK(false, "TODO(lesson7, step 3): sharded_forward() is not implemented yet");
+}
+// [sharded_forward]
 
 }  // namespace fsdp

@@ -79,4 +79,19 @@ std::vector<at::Tensor> unflatten(const FlatParam& flat, const at::Tensor& full)
 at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat);
 // [api_flat]
 
+// [api_layer]
+/// What one layer computes from its input and its parameters (the views unflatten makes, in order).
+using LayerFn = std::function<at::Tensor(const at::Tensor& x, const std::vector<at::Tensor>& params)>;
+
+/// Step 3: runs one layer on sharded parameters, as FSDP does. Forward: gathers the full flat buffer
+/// (gather_full), computes fn(x, unflatten(...)), frees the full buffer before returning (nothing of it is
+/// kept). Backward (autograd calls it when the loss is backpropagated): gathers again, recomputes the layer
+/// with autograd to get the gradients of x and of the flat buffer, divides the flat gradient by N and
+/// reduce-scatters it into flat.shard's grad (accumulated like any leaf's .grad), and frees the buffer again.
+/// Per call and per backward: two all-gathers and one reduce-scatter of padded_numel floats, nothing else.
+/// `comm`, `flat` and `fn` must outlive the backward. Throws "requires grad" when flat.shard is not a leaf
+/// that requires grad.
+at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x);
+// [api_layer]
+
 }  // namespace fsdp

@@ -5,7 +5,10 @@
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 namespace fsdp {
 
@@ -163,5 +166,58 @@ at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat) {
   return full;
 }
 // [gather_full]
+
+// [sharded_forward]
+namespace {
+
+// One layer on sharded parameters, as an autograd function: what autograd calls in the backward is ours, so the
+// gather before the layer's backward and the reduce-scatter right after it happen exactly there.
+struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& shard,
+                            dist::Comm* comm, FlatParam* flat, const LayerFn* fn) {
+    // Autograd keeps plain data only: the three objects the backward needs go in as addresses.
+    ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm);
+    ctx->saved_data["flat"] = reinterpret_cast<int64_t>(flat);
+    ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
+    ctx->save_for_backward({x});
+    const at::Tensor full = gather_full(*comm, *flat);
+    return (*fn)(x, unflatten(*flat, full));
+    // `full` and its views end here: nothing of the gathered buffer outlives the forward.
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto* comm = reinterpret_cast<dist::Comm*>(ctx->saved_data["comm"].toInt());
+    auto* flat = reinterpret_cast<FlatParam*>(ctx->saved_data["flat"].toInt());
+    const auto* fn = reinterpret_cast<const LayerFn*>(ctx->saved_data["fn"].toInt());
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const bool needs_x = ctx->needs_input_grad(0);
+    // Gather again (the forward freed it) and recompute the layer with autograd on, from the saved input.
+    const at::Tensor full = gather_full(*comm, *flat).requires_grad_(true);
+    const at::Tensor x_in = x.detach().requires_grad_(needs_x);
+    torch::autograd::variable_list grads;
+    {
+      at::AutoGradMode enable(true);
+      const at::Tensor y = (*fn)(x_in, unflatten(*flat, full));
+      torch::autograd::variable_list inputs{full};
+      if (needs_x) inputs.push_back(x_in);
+      grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]});
+    }
+    // The average over the ranks, and only this rank's slice of it: a reduce-scatter of grad / N.
+    const at::Tensor flat_grad = grads[0] / static_cast<double>(comm->world_size());
+    at::Tensor shard_grad = at::empty({flat->padded_numel / flat->world_size}, at::kFloat);
+    reduce_scatter_into(*comm, flat_grad, shard_grad);
+    return {needs_x ? grads[1] : at::Tensor(), shard_grad, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x) {
+  TORCH_CHECK(flat.shard.defined() && flat.shard.is_leaf() && flat.shard.requires_grad(),
+              "sharded_forward: flat.shard must be a leaf that requires grad (flatten_and_shard makes it one)");
+  return ShardedLayer::apply(x, flat.shard, &comm, &flat, &fn);
+}
+// [sharded_forward]
 
 }  // namespace fsdp
