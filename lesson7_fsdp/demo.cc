@@ -4,7 +4,8 @@
 //     the bytes each rank sent as the communicator counted them, and the time (median of rank 0's runs);
 //   * one training step of an MLP with Adam, DDP-style (replicated parameters, one all-reduce of the gradients)
 //     beside fully sharded (steps 2 and 3): the bytes each rank keeps between steps (parameters, gradients,
-//     Adam's two moments, read from the tensors themselves) and the bytes it sends per step, and the step time.
+//     Adam's two moments, read from the tensors themselves) and the bytes it sends per step, and the step time;
+//     the sharded step once layer by layer (step 3) and once with the next layer's gather prefetched (step 4).
 //
 //   bazel run //lesson7_fsdp:demo -- --quick        (reference solution)
 //   bazel run //lesson7_fsdp:my_demo -- --quick     (your fsdp.cc)
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -97,8 +99,12 @@ struct StepFigures {
   double median_ms = 0;    // rank 0
 };
 
-// `steps` steps on each rank's slice of the batch, DDP-style or sharded; rank 0's figures.
-StepFigures train(bool sharded, int layers, int64_t width, int64_t items, int steps) {
+enum class Mode { kDdp, kSharded, kPrefetch };
+
+// `steps` steps on each rank's slice of the batch: DDP-style, sharded layer by layer (step 3) or as a stack
+// with prefetch (step 4); rank 0's figures.
+StepFigures train(Mode mode, int layers, int64_t width, int64_t items, int steps) {
+  const bool sharded = mode != Mode::kDdp;
   StepFigures out;
   const auto init = make_layers(layers, width);
   torch::manual_seed(4);
@@ -121,6 +127,8 @@ StepFigures train(bool sharded, int layers, int64_t width, int64_t items, int st
     for (auto& layer : replicas) params.insert(params.end(), layer.begin(), layer.end());
     torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-3));
     const std::vector<fsdp::LayerFn> fns(static_cast<size_t>(layers), fsdp::LayerFn(layer_fn));
+    std::unique_ptr<fsdp::ShardedStack> stack;
+    if (mode == Mode::kPrefetch) stack = std::make_unique<fsdp::ShardedStack>(comm, flats, fns, true);
     std::vector<double> ms;
     for (int s = 0; s < steps; ++s) {
       comm.barrier();
@@ -128,7 +136,8 @@ StepFigures train(bool sharded, int layers, int64_t width, int64_t items, int st
       const auto start = std::chrono::steady_clock::now();
       adam.zero_grad();
       torch::Tensor h = xr;
-      for (int l = 0; l < layers; ++l) {
+      if (stack) h = stack->forward(xr);
+      for (int l = 0; l < layers && !stack; ++l) {
         h = sharded ? fsdp::sharded_forward(comm, flats[static_cast<size_t>(l)], fns[static_cast<size_t>(l)], h)
                     : layer_fn(h, replicas[static_cast<size_t>(l)]);
       }
@@ -205,8 +214,9 @@ int main(int argc, char** argv) {
   const int steps = quick ? 3 : 10;
   std::cout << "\nOne training step, " << layers << " x Linear(" << width << ", " << width << ") + tanh, Adam, "
             << items << " items split over " << kRanks << " ranks:\n";
-  const StepFigures ddp = train(false, layers, width, items, steps);
-  const StepFigures fsdp_step = train(true, layers, width, items, steps);
+  const StepFigures ddp = train(Mode::kDdp, layers, width, items, steps);
+  const StepFigures fsdp_step = train(Mode::kSharded, layers, width, items, steps);
+  const StepFigures prefetched = train(Mode::kPrefetch, layers, width, items, steps);
   workshop::Table steps_table("lesson7_fsdp_step",
                               {"training", "bytes kept per rank (params, grads, Adam)", "bytes sent per rank per step",
                                "how counted", "step ms (median, rank 0)"});
@@ -214,6 +224,8 @@ int main(int argc, char** argv) {
                    "napkin 2(N-1)/N x payload", workshop::fixed(ddp.median_ms, 3)});
   steps_table.add({"fully sharded (steps 2 and 3)", std::to_string(fsdp_step.persistent),
                    std::to_string(fsdp_step.sent), "counted", workshop::fixed(fsdp_step.median_ms, 3)});
+  steps_table.add({"fully sharded + prefetch (step 4)", std::to_string(prefetched.persistent),
+                   std::to_string(prefetched.sent), "counted", workshop::fixed(prefetched.median_ms, 3)});
   path = steps_table.emit(csv_dir);
   if (!path.empty()) std::cout << "wrote " << path << "\n";
   std::cout << "kept: DDP / sharded = " << workshop::fixed(static_cast<double>(ddp.persistent) / fsdp_step.persistent)

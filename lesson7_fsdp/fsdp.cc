@@ -2,12 +2,17 @@
 // it is right:  bazel test //lesson7_fsdp:all
 #include "lesson7_fsdp/fsdp.h"
 
+#include <algorithm>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
 #include <ATen/core/grad_mode.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -100,5 +105,53 @@ at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn,
   TORCH_CHECK(false, "TODO(lesson7, step 3): sharded_forward() is not implemented yet");
 }
 // [sharded_forward]
+
+// What ShardedStack's forward and its layers' backward share (given: the fields your step 4 code uses).
+struct ShardedStack::State {
+  State(dist::Comm& comm_, std::vector<FlatParam>& flats_, std::vector<LayerFn> fns_, bool prefetch_)
+      : comm(comm_), flats(flats_), fns(std::move(fns_)), prefetch(prefetch_), pending(flats_.size()) {}
+  dist::Comm& comm;
+  std::vector<FlatParam>& flats;
+  std::vector<LayerFn> fns;
+  bool prefetch;
+  std::vector<std::unique_ptr<PendingGather>> pending;              ///< per layer: its gather in flight, if any
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> gathered;  ///< buffers gathered, held weakly
+  int max_alive = 0;
+};
+
+ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
+    : state_(std::make_unique<State>(comm, flats, std::move(fns), prefetch)) {
+  TORCH_CHECK(state_->fns.size() == flats.size(), "ShardedStack: one LayerFn per FlatParam, got ", flats.size(),
+              " FlatParams and ", state_->fns.size(), " LayerFns");
+}
+ShardedStack::~ShardedStack() = default;
+int ShardedStack::max_alive() const { return state_->max_alive; }
+
+// [start_gather]
+at::Tensor PendingGather::wait() {
+  // TODO(lesson7, step 4): wait on every work (sends and receives), then return the buffer.
+  TORCH_CHECK(false, "TODO(lesson7, step 4): PendingGather::wait() is not implemented yet");
+}
+
+PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag) {
+  // TODO(lesson7, step 4): refuse a FlatParam of another rank or world size ("was made for rank"). A fresh buffer
+  // of padded_numel floats; copy the shard into slice comm.rank(); then for k = 1 .. N - 1 post (do not wait) a
+  // receive from rank r - k into its slice and a send of your slice to rank r + k, all with `tag`; keep the
+  // works in the PendingGather.
+  TORCH_CHECK(false, "TODO(lesson7, step 4): start_gather() is not implemented yet");
+}
+// [start_gather]
+
+// [sharded_stack]
+at::Tensor ShardedStack::forward(const at::Tensor& x) {
+  // TODO(lesson7, step 4): like sharded_forward, a custom autograd function per layer (with state_.get() and the
+  // layer's index among its arguments), applied to the layers in order. In its forward: take the layer's buffer
+  // (state_->pending[layer] if its gather is in flight, else start_gather now and wait), then, when prefetching,
+  // start layer + 1's gather before computing. In its backward: the same with layer - 1. Give each layer's gather
+  // its own tag (apart from the rings' 0 .. N - 2). Note every buffer in state_->gathered (weakly) and, each time
+  // a layer computes, set state_->max_alive to the most of them still alive.
+  TORCH_CHECK(false, "TODO(lesson7, step 4): ShardedStack::forward() is not implemented yet");
+}
+// [sharded_stack]
 
 }  // namespace fsdp

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -93,5 +94,42 @@ using LayerFn = std::function<at::Tensor(const at::Tensor& x, const std::vector<
 /// that requires grad.
 at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x);
 // [api_layer]
+
+// [api_prefetch]
+/// Step 4: an all-gather in flight. wait() waits for every send and receive and returns the gathered buffer
+/// (padded_numel floats, every rank's shard in rank order).
+struct PendingGather {
+  at::Tensor full;
+  std::vector<dist::AsyncWork> works;
+  at::Tensor wait();
+};
+
+/// Step 4: starts the all-gather of `flat` and returns at once: each rank posts a send of its shard to every
+/// other rank and a receive from each, straight into its place in `full`, all with tag `tag`. The same
+/// (N - 1) / N x padded bytes per rank as the ring, in one round instead of N - 1, and nothing to wait for until
+/// the buffer is needed. Throws "was made for rank" like gather_full.
+PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag);
+
+/// Step 4: a stack of sharded layers run in order (layer 0 first), each as sharded_forward runs one, but with
+/// the NEXT layer's all-gather in flight while a layer computes: in the forward, layer l + 1's gather starts
+/// before layer l runs; in the backward, layer l - 1's starts before layer l recomputes and reduce-scatters. At
+/// most two layers' full parameters are alive at once. With prefetch = false each gather starts only when its
+/// layer needs it: the same results and the same bytes. `comm`, `flats` and the stack must outlive the
+/// backward. Throws "one LayerFn per FlatParam" when the two lists differ in length.
+class ShardedStack {
+ public:
+  ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch = true);
+  ~ShardedStack();
+  /// Runs every layer on x; backpropagating from the result fills every flat.shard's grad.
+  at::Tensor forward(const at::Tensor& x);
+  /// The most gathered buffers that were alive at once when a layer computed (forward or backward), so far.
+  int max_alive() const;
+
+  struct State;  ///< what the forward and the backward share (defined in fsdp.cc)
+
+ private:
+  std::unique_ptr<State> state_;
+};
+// [api_prefetch]
 
 }  // namespace fsdp

@@ -1,12 +1,17 @@
 // Lesson 7 — reference solution.
 #include "lesson7_fsdp/fsdp.h"
 
+#include <algorithm>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
 #include <ATen/core/grad_mode.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -219,5 +224,132 @@ at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn,
   return ShardedLayer::apply(x, flat.shard, &comm, &flat, &fn);
 }
 // [sharded_forward]
+
+// What ShardedStack's forward and its layers' backward share (given: the fields your step 4 code uses).
+struct ShardedStack::State {
+  State(dist::Comm& comm_, std::vector<FlatParam>& flats_, std::vector<LayerFn> fns_, bool prefetch_)
+      : comm(comm_), flats(flats_), fns(std::move(fns_)), prefetch(prefetch_), pending(flats_.size()) {}
+  dist::Comm& comm;
+  std::vector<FlatParam>& flats;
+  std::vector<LayerFn> fns;
+  bool prefetch;
+  std::vector<std::unique_ptr<PendingGather>> pending;              ///< per layer: its gather in flight, if any
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> gathered;  ///< buffers gathered, held weakly
+  int max_alive = 0;
+};
+
+ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
+    : state_(std::make_unique<State>(comm, flats, std::move(fns), prefetch)) {
+  TORCH_CHECK(state_->fns.size() == flats.size(), "ShardedStack: one LayerFn per FlatParam, got ", flats.size(),
+              " FlatParams and ", state_->fns.size(), " LayerFns");
+}
+ShardedStack::~ShardedStack() = default;
+int ShardedStack::max_alive() const { return state_->max_alive; }
+
+// [start_gather]
+at::Tensor PendingGather::wait() {
+  for (auto& work : works) work.wait();
+  works.clear();
+  return full;
+}
+
+PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag) {
+  TORCH_CHECK(flat.rank == comm.rank() && flat.world_size == comm.world_size(),
+              "start_gather: the FlatParam was made for rank ", flat.rank, " of ", flat.world_size,
+              ", but this is rank ", comm.rank(), " of ", comm.world_size());
+  const int n = comm.world_size(), r = comm.rank();
+  const int64_t size = flat.padded_numel / n;
+  PendingGather pending;
+  pending.full = at::empty({flat.padded_numel}, at::kFloat);
+  const at::Tensor mine = pending.full.narrow(0, r * size, size);
+  mine.copy_(flat.shard.detach());
+  for (int k = 1; k < n; ++k) {  // round k: receive from rank r - k, send to rank r + k; all posted now
+    const int from = (r - k + n) % n, to = (r + k) % n;
+    pending.works.push_back(comm.recv_async(pending.full.narrow(0, from * size, size), from, tag));
+    pending.works.push_back(comm.send_async(mine, to, tag));
+  }
+  return pending;
+}
+// [start_gather]
+
+// [sharded_stack]
+namespace {
+
+constexpr int kPrefetchTag = 1 << 16;  // + layer: apart from the rings' tags (0 .. N - 2)
+
+// Starts layer's gather (when prefetching and the layer exists) and notes its buffer.
+void start_layer(ShardedStack::State& s, int64_t layer) {
+  if (layer < 0 || layer >= static_cast<int64_t>(s.flats.size()) || s.pending[layer]) return;
+  s.pending[layer] =
+      std::make_unique<PendingGather>(start_gather(s.comm, s.flats[layer], kPrefetchTag + static_cast<int>(layer)));
+  s.gathered.push_back(s.pending[layer]->full.storage().getWeakStorageImpl());
+}
+
+// Layer's gathered buffer: the one in flight (started ahead), or one gathered now.
+at::Tensor take_layer(ShardedStack::State& s, int64_t layer) {
+  start_layer(s, layer);  // nothing in flight: start it now (and wait below)
+  const at::Tensor full = s.pending[layer]->wait();
+  s.pending[layer].reset();
+  return full;
+}
+
+// The gathered buffers alive now (the one in use and any in flight): the most of them is max_alive.
+void note_alive(ShardedStack::State& s) {
+  s.gathered.erase(std::remove_if(s.gathered.begin(), s.gathered.end(), [](const auto& g) { return g.expired(); }),
+                   s.gathered.end());
+  s.max_alive = std::max(s.max_alive, static_cast<int>(s.gathered.size()));
+}
+
+struct StackLayer : public torch::autograd::Function<StackLayer> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& shard,
+                            ShardedStack::State* s, int64_t layer) {
+    ctx->saved_data["state"] = reinterpret_cast<int64_t>(s);
+    ctx->saved_data["layer"] = layer;
+    ctx->save_for_backward({x});
+    const at::Tensor full = take_layer(*s, layer);
+    if (s->prefetch) start_layer(*s, layer + 1);  // the next layer's gather travels while this one computes
+    note_alive(*s);
+    return s->fns[layer](x, unflatten(s->flats[layer], full));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto* s = reinterpret_cast<ShardedStack::State*>(ctx->saved_data["state"].toInt());
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const bool needs_x = ctx->needs_input_grad(0);
+    const at::Tensor full = take_layer(*s, layer).requires_grad_(true);
+    if (s->prefetch) start_layer(*s, layer - 1);  // the layer below is next in the backward
+    note_alive(*s);
+    const at::Tensor x_in = x.detach().requires_grad_(needs_x);
+    torch::autograd::variable_list grads;
+    {
+      at::AutoGradMode enable(true);
+      const at::Tensor y = s->fns[layer](x_in, unflatten(s->flats[layer], full));
+      torch::autograd::variable_list inputs{full};
+      if (needs_x) inputs.push_back(x_in);
+      grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]});
+    }
+    const FlatParam& flat = s->flats[layer];
+    const at::Tensor flat_grad = grads[0] / static_cast<double>(s->comm.world_size());
+    at::Tensor shard_grad = at::empty({flat.padded_numel / flat.world_size}, at::kFloat);
+    reduce_scatter_into(s->comm, flat_grad, shard_grad);
+    return {needs_x ? grads[1] : at::Tensor(), shard_grad, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ShardedStack::forward(const at::Tensor& x) {
+  at::Tensor h = x;
+  for (size_t l = 0; l < state_->flats.size(); ++l) {
+    const at::Tensor& shard = state_->flats[l].shard;
+    TORCH_CHECK(shard.defined() && shard.is_leaf() && shard.requires_grad(), "ShardedStack: layer ", l,
+                "'s shard must be a leaf that requires grad");
+    h = StackLayer::apply(h, shard, state_.get(), static_cast<int64_t>(l));
+  }
+  return h;
+}
+// [sharded_stack]
 
 }  // namespace fsdp
