@@ -115,7 +115,7 @@ PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag);
 /// before layer l runs; in the backward, layer l - 1's starts before layer l recomputes and reduce-scatters. At
 /// most two layers' full parameters are alive at once. With prefetch = false each gather starts only when its
 /// layer needs it: the same results and the same bytes. `comm`, `flats` and the stack must outlive the
-/// backward. Throws "one LayerFn per FlatParam" when the two lists differ in length.
+/// backward. forward() throws "one LayerFn per FlatParam" when the two lists differ in length.
 class ShardedStack {
  public:
   ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch = true);

@@ -142,6 +142,7 @@ TEST_CASE("[step4] one LayerFn per FlatParam") {
   const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(1), [&](dist::Comm& comm) {
     std::vector<fsdp::FlatParam> flats{fsdp::flatten_and_shard(p.layers[0], 0, 1)};
     fsdp::ShardedStack stack(comm, flats, kLayers);
+    stack.forward(p.x);
   });
   REQUIRE(outcomes.size() == 1);
   CHECK_FALSE(outcomes[0].ok);

@@ -239,10 +239,7 @@ struct ShardedStack::State {
 };
 
 ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
-    : state_(std::make_unique<State>(comm, flats, std::move(fns), prefetch)) {
-  TORCH_CHECK(state_->fns.size() == flats.size(), "ShardedStack: one LayerFn per FlatParam, got ", flats.size(),
-              " FlatParams and ", state_->fns.size(), " LayerFns");
-}
+    : state_(std::make_unique<State>(comm, flats, std::move(fns), prefetch)) {}
 ShardedStack::~ShardedStack() = default;
 int ShardedStack::max_alive() const { return state_->max_alive; }
 
@@ -341,6 +338,8 @@ struct StackLayer : public torch::autograd::Function<StackLayer> {
 }  // namespace
 
 at::Tensor ShardedStack::forward(const at::Tensor& x) {
+  TORCH_CHECK(state_->fns.size() == state_->flats.size(), "ShardedStack: one LayerFn per FlatParam, got ",
+              state_->flats.size(), " FlatParams and ", state_->fns.size(), " LayerFns");
   at::Tensor h = x;
   for (size_t l = 0; l < state_->flats.size(); ++l) {
     const at::Tensor& shard = state_->flats[l].shard;
