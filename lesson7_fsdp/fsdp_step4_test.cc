@@ -3,6 +3,7 @@
 #include "lesson7_fsdp/fsdp_test_problem.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -111,15 +112,25 @@ TEST_CASE("[step4] with and without prefetch: the same parameters, the same byte
 TEST_CASE("[step4] the next layer's gather is under way before a layer computes, forward and backward") {
   const Problem p = make_problem();
   const int n = 2;
+  // On 2 ranks every gather or reduce-scatter is one send of the layer's shard, and the three shards differ in
+  // size: the last send before a layer function runs names the layer whose collective was started last.
+  std::vector<std::string> send_of;
+  for (int l = 0; l < 3; ++l) send_of.push_back("send " + std::to_string(4 * shard_of(kLayerNumel[l], n)));
   for (const bool prefetch : {true, false}) {
-    std::vector<int64_t> sends_seen;  // rank 0: send calls so far, each time a layer function runs
+    std::vector<std::pair<int64_t, std::string>> seen;  // rank 0: (sends so far, the last one) at each layer call
     dist::run_ranks(launch(n), [&](dist::Comm& comm) {
       std::vector<fsdp::FlatParam> flats;
       for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), n));
       std::vector<fsdp::LayerFn> watched;
       for (const auto& fn : kLayers) {
-        watched.push_back([&comm, &sends_seen, fn](const torch::Tensor& x, const std::vector<torch::Tensor>& params) {
-          if (comm.rank() == 0) sends_seen.push_back(comm.stats().send_calls);
+        watched.push_back([&comm, &seen, fn](const torch::Tensor& x, const std::vector<torch::Tensor>& params) {
+          if (comm.rank() == 0) {
+            std::string last;
+            for (const auto& entry : comm.log()) {
+              if (entry.rfind("send ", 0) == 0) last = entry;
+            }
+            seen.emplace_back(comm.stats().send_calls, last);
+          }
           return fn(x, params);
         });
       }
@@ -128,12 +139,20 @@ TEST_CASE("[step4] the next layer's gather is under way before a layer computes,
       stack.forward(rows(p.x, comm.rank(), n)).sum().backward();
     });
     CAPTURE(prefetch);
-    // One send per gather or reduce-scatter on 2 ranks. Forward: layer l runs after the gathers of layers 0 .. l
-    // (and l + 1's, prefetched). Backward (layers 2, 1, 0): layer 2 is gathered again; before layer l
-    // recomputes, l - 1's gather is started too; each reduce-scatter follows its layer's recomputation.
-    const std::vector<int64_t> expected =
-        prefetch ? std::vector<int64_t>{2, 3, 3, 5, 7, 8} : std::vector<int64_t>{1, 2, 3, 4, 6, 8};
-    CHECK(sends_seen == expected);
+    // Forward, layers 0, 1, 2: with prefetch, layer l runs after layer l + 1's gather has started. Backward, layers
+    // 2, 1, 0: layer 2 is gathered again; with prefetch layer l - 1's gather starts before layer l recomputes; each
+    // reduce-scatter follows its layer's recomputation.
+    const std::vector<std::pair<int64_t, std::string>> expected =
+        prefetch ? std::vector<std::pair<int64_t, std::string>>{{2, send_of[1]}, {3, send_of[2]}, {3, send_of[2]},
+                                                                {5, send_of[1]}, {7, send_of[0]}, {8, send_of[1]}}
+                 : std::vector<std::pair<int64_t, std::string>>{{1, send_of[0]}, {2, send_of[1]}, {3, send_of[2]},
+                                                                {4, send_of[2]}, {6, send_of[1]}, {8, send_of[0]}};
+    REQUIRE(seen.size() == expected.size());
+    for (size_t i = 0; i < seen.size(); ++i) {
+      CAPTURE(i);
+      CHECK(seen[i].first == expected[i].first);
+      CHECK(seen[i].second == expected[i].second);
+    }
   }
 }
 
