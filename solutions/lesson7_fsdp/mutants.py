@@ -53,8 +53,10 @@ MUTANTS = [
      "views.push_back(f.narrow(0, flat.offsets[i], elements_of(flat.shapes[i])).view(flat.shapes[i]).clone());",
      "unflatten copies: the parameters no longer alias the gathered buffer"),
     ("l7_no_gather_rank_check", SOLUTION,
-     "  TORCH_CHECK(flat.rank == comm.rank() && flat.world_size == comm.world_size(),",
-     "  TORCH_CHECK(true || flat.world_size == comm.world_size(),",
+     "  TORCH_CHECK(flat.rank == comm.rank() && flat.world_size == comm.world_size(),\n"
+     "              \"gather_full: the FlatParam",
+     "  TORCH_CHECK(true || flat.world_size == comm.world_size(),\n"
+     "              \"gather_full: the FlatParam",
      "a FlatParam made for another world size is gathered anyway"),
     # Step 3: gather on demand, reduce-scatter in the backward.
     ("l7_grad_not_averaged", SOLUTION,
@@ -75,8 +77,8 @@ MUTANTS = [
      "    const at::Tensor full = at::zeros({flat->padded_numel}, at::kFloat).requires_grad_(true);",
      "the backward does not gather again (the buffer was freed too early and not refilled)"),
     ("l7_x_grad_dropped", SOLUTION,
-     "return {needs_x ? grads[1] : at::Tensor(), shard_grad,",
-     "return {at::Tensor(), shard_grad,",
+     "return {needs_x ? grads[1] : at::Tensor(), shard_grad, at::Tensor(), at::Tensor(), at::Tensor()};",
+     "return {at::Tensor(), shard_grad, at::Tensor(), at::Tensor(), at::Tensor()};",
      "the input's gradient is not passed back: the layers below get none"),
     # Step 4: prefetch.
     ("l7_no_forward_prefetch", SOLUTION,
