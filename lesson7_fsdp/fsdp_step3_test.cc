@@ -9,6 +9,7 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/torch.h>
 
+#include "common/memory_meter.h"
 #include "lesson5_distributed/comm.h"
 #include "lesson7_fsdp/fsdp.h"
 
@@ -148,4 +149,28 @@ TEST_CASE("[step3] a shard that does not require grad is refused by name") {
   REQUIRE(outcomes.size() == 1);
   CHECK_FALSE(outcomes[0].ok);
   CHECK(outcomes[0].error.find("requires grad") != std::string::npos);
+}
+
+TEST_CASE("[step3] lesson 4's meter: a forward holds one layer's full parameters at a time, not the model's") {
+  const std::vector<std::vector<torch::Tensor>> layers = wide_layers();
+  const int n = 2;
+  std::vector<int64_t> peak(static_cast<size_t>(n));
+  dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+    std::vector<fsdp::FlatParam> flats;
+    for (const auto& layer : layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), n));
+    const torch::Tensor x = torch::randn({2, 64});
+    // Counts this rank's thread only (the other rank's tensors are another thread's).
+    workshop::MemoryMeter meter(torch::kCPU, workshop::MeterScope::kThisThread);
+    torch::Tensor h = x;
+    for (size_t l = 0; l < flats.size(); ++l) h = fsdp::sharded_forward(comm, flats[l], hidden, h);
+    peak[static_cast<size_t>(comm.rank())] = meter.peak_bytes();
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CAPTURE(peak[static_cast<size_t>(r)]);
+    // One gathered layer (16640 bytes) plus the activations (8 layers x 2 x 64 floats, 4 KiB, with room for the
+    // temporaries of tanh and linear); all 8 layers' full parameters would be 133120 bytes.
+    CHECK(peak[static_cast<size_t>(r)] >= kWideLayerBytes);
+    CHECK(peak[static_cast<size_t>(r)] <= kWideLayerBytes + 8192);
+  }
 }

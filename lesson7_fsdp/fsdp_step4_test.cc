@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include "common/memory_meter.h"
 #include "lesson5_distributed/comm.h"
 #include "lesson7_fsdp/fsdp.h"
 
@@ -166,4 +167,30 @@ TEST_CASE("[step4] one LayerFn per FlatParam") {
   REQUIRE(outcomes.size() == 1);
   CHECK_FALSE(outcomes[0].ok);
   CHECK(outcomes[0].error.find("one LayerFn per FlatParam") != std::string::npos);
+}
+
+TEST_CASE("[step4] lesson 4's meter: a prefetching forward holds two layers' full parameters, never three") {
+  const std::vector<std::vector<torch::Tensor>> layers = wide_layers();
+  const int n = 2;
+  for (const bool prefetch : {true, false}) {
+    std::vector<int64_t> peak(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      std::vector<fsdp::FlatParam> flats;
+      for (const auto& layer : layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), n));
+      fsdp::ShardedStack stack(comm, flats, std::vector<fsdp::LayerFn>(layers.size(), fsdp::LayerFn(hidden)), prefetch);
+      const torch::Tensor x = torch::randn({2, 64});
+      workshop::MemoryMeter meter(torch::kCPU, workshop::MeterScope::kThisThread);  // this rank's thread only
+      stack.forward(x);
+      peak[static_cast<size_t>(comm.rank())] = meter.peak_bytes();
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(prefetch);
+      CAPTURE(r);
+      CAPTURE(peak[static_cast<size_t>(r)]);
+      // Gathered layers of 16640 bytes each plus at most 8 KiB of activations and temporaries.
+      const int64_t buffers = prefetch ? 2 : 1;
+      CHECK(peak[static_cast<size_t>(r)] >= buffers * kWideLayerBytes);
+      CHECK(peak[static_cast<size_t>(r)] <= buffers * kWideLayerBytes + 8192);
+    }
+  }
 }

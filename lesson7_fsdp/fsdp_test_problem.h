@@ -106,4 +106,17 @@ inline double rel_error(const std::vector<torch::Tensor>& a, const std::vector<t
 
 inline int64_t shard_of(int64_t numel, int n) { return fsdp::padded_numel(numel, n) / n; }
 
+// For lesson 4's meter: 8 layers of Linear(64, 64) + tanh (4160 floats each: 16640 bytes, a multiple of 2 and
+// 4 ranks, so no padding) and 2 items per rank, so that parameters, not activations, dominate a step's bytes.
+constexpr int64_t kWideLayerBytes = 4 * (64 * 64 + 64);
+inline std::vector<std::vector<torch::Tensor>> wide_layers() {
+  torch::manual_seed(13);
+  std::vector<std::vector<torch::Tensor>> out;
+  for (int l = 0; l < 8; ++l) {
+    torch::nn::Linear layer(64, 64);
+    out.push_back({layer->weight.detach().clone(), layer->bias.detach().clone()});
+  }
+  return out;
+}
+
 }  // namespace fsdp_checks

@@ -214,7 +214,7 @@ LESSONS = [
         library = "fsdp",
         deps = ["//solutions/lesson5_distributed:ddp"],
         header_deps = ["//lesson5_distributed:headers"],
-        check_deps = [],
+        check_deps = ["//common:memory_meter"],
         test_size = "medium",
     ),
 ]
