@@ -264,6 +264,61 @@ std::vector<at::Tensor> Comm::all_gather(const at::Tensor& input) {
   return outputs[0];
 }
 
+namespace {
+
+void check_peer(const Comm& comm, const char* op, int peer) {
+  TORCH_CHECK(peer != comm.rank(), "rank ", comm.rank(), ": ", op, " with peer ", peer, ", which is this rank");
+  TORCH_CHECK(peer >= 0 && peer < comm.world_size(), "rank ", comm.rank(), ": ", op, " with peer ", peer,
+              ", outside 0 .. ", comm.world_size() - 1);
+}
+
+}  // namespace
+
+AsyncWork Comm::send_async(const at::Tensor& tensor, int dst, int tag) {
+  impl_->check_tensor("send", tensor);
+  check_peer(*this, "send", dst);
+  std::vector<at::Tensor> tensors{tensor};
+  AsyncWork handle;
+  handle.impl_ = std::make_unique<AsyncWork::Impl>();
+  handle.impl_->comm = impl_.get();
+  handle.impl_->what = "send of " + std::to_string(tensor.nbytes()) + " bytes to rank " + std::to_string(dst);
+  handle.impl_->tensor = tensor;
+  impl_->stats.calls += 1;
+  impl_->stats.send_calls += 1;
+  impl_->stats.send_bytes += static_cast<int64_t>(tensor.nbytes());
+  impl_->log.push_back("send " + std::to_string(tensor.nbytes()));
+  try {
+    handle.impl_->work = impl_->group->send(tensors, dst, tag);
+  } catch (const std::exception& error) {
+    impl_->fail(handle.impl_->what, error);
+  }
+  return handle;
+}
+
+AsyncWork Comm::recv_async(const at::Tensor& tensor, int src, int tag) {
+  impl_->check_tensor("recv", tensor);
+  check_peer(*this, "recv", src);
+  std::vector<at::Tensor> tensors{tensor};
+  AsyncWork handle;
+  handle.impl_ = std::make_unique<AsyncWork::Impl>();
+  handle.impl_->comm = impl_.get();
+  handle.impl_->what = "recv of " + std::to_string(tensor.nbytes()) + " bytes from rank " + std::to_string(src);
+  handle.impl_->tensor = tensor;
+  impl_->stats.calls += 1;
+  impl_->stats.recv_calls += 1;
+  impl_->stats.recv_bytes += static_cast<int64_t>(tensor.nbytes());
+  impl_->log.push_back("recv " + std::to_string(tensor.nbytes()));
+  try {
+    handle.impl_->work = impl_->group->recv(tensors, src, tag);
+  } catch (const std::exception& error) {
+    impl_->fail(handle.impl_->what, error);
+  }
+  return handle;
+}
+
+void Comm::send(const at::Tensor& tensor, int dst, int tag) { send_async(tensor, dst, tag).wait(); }
+void Comm::recv(const at::Tensor& tensor, int src, int tag) { recv_async(tensor, src, tag).wait(); }
+
 void Comm::barrier() {
   impl_->stats.calls += 1;
   impl_->log.push_back("barrier");

@@ -28,14 +28,19 @@ enum class ReduceOp { kSum, kMax };
 /// handed to the collectives (tensor.nbytes(), per call), not what the algorithm puts on the wire: a ring
 /// all-reduce of B bytes sends about 2 (N - 1) / N * B per rank (see ring_allreduce_wire_bytes).
 struct CommStats {
-  int64_t calls = 0;  ///< every collective call (all_reduce, broadcast, all_gather, barrier)
+  int64_t calls = 0;  ///< every call (all_reduce, broadcast, all_gather, barrier, send, recv)
   int64_t all_reduce_calls = 0;
   int64_t all_reduce_bytes = 0;
   int64_t broadcast_calls = 0;
   int64_t broadcast_bytes = 0;  ///< counted on every rank (the root sends them, the others receive them)
   int64_t all_gather_calls = 0;
   int64_t all_gather_bytes = 0;  ///< this rank's input bytes per call
-  int64_t bytes() const { return all_reduce_bytes + broadcast_bytes + all_gather_bytes; }
+  int64_t send_calls = 0;        ///< point-to-point sends (send, send_async)
+  int64_t send_bytes = 0;        ///< bytes this rank sent point-to-point
+  int64_t recv_calls = 0;        ///< point-to-point receives (recv, recv_async)
+  int64_t recv_bytes = 0;        ///< bytes this rank received point-to-point (not in bytes(): a peer sent them)
+  /// Bytes this rank handed to the group: the collectives' payloads plus what it sent point-to-point.
+  int64_t bytes() const { return all_reduce_bytes + broadcast_bytes + all_gather_bytes + send_bytes; }
 };
 
 /// Bytes a ring all-reduce of `payload_bytes` sends from each rank: reduce-scatter then all-gather, each
@@ -85,6 +90,17 @@ class Comm {
   std::vector<at::Tensor> all_gather(const at::Tensor& input);
   /// Returns once every rank has called it.
   void barrier();
+
+  /// Point-to-point (Gloo's send/recv; lesson 7's rings are built on them): sends `tensor` to rank `dst`, which
+  /// must call recv with a tensor of the same byte size and the same `tag`. A send may wait until the peer has
+  /// posted its receive, so two ranks that send to each other must start at least one side asynchronously:
+  /// the *_async forms return at once and finish on wait(). Counted in send_calls/send_bytes (recv_*).
+  /// Throws "is this rank" for a peer equal to this rank and "outside 0 .." for a peer that does not exist.
+  AsyncWork send_async(const at::Tensor& tensor, int dst, int tag = 0);
+  /// Receives into `tensor` (contiguous, of the byte size the peer sends) from rank `src`, with `tag`.
+  AsyncWork recv_async(const at::Tensor& tensor, int src, int tag = 0);
+  void send(const at::Tensor& tensor, int dst, int tag = 0);
+  void recv(const at::Tensor& tensor, int src, int tag = 0);
 
   const CommStats& stats() const;
   void reset_stats();

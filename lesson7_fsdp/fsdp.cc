@@ -1,0 +1,155 @@
+// Lesson 7 — your code. Replace each TODO with an implementation; the checks in fsdp_step*_test.cc tell you when
+// it is right:  bazel test //lesson7_fsdp:all
+#include "lesson7_fsdp/fsdp.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
+#include <ATen/core/grad_mode.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace fsdp {
+
+// [shard_numel]
+int64_t shard_numel(int64_t numel, int world_size) {
+  // TODO(lesson7, step 1): refuse world_size <= 0 ("world_size must be > 0") and numel < 0 ("numel must be
+  // >= 0"); return numel / world_size rounded up.
+  TORCH_CHECK(false, "TODO(lesson7, step 1): shard_numel() is not implemented yet");
+}
+// [shard_numel]
+
+// [reduce_scatter_into]
+void reduce_scatter_into(dist::Comm& comm, const at::Tensor& full, const at::Tensor& shard) {
+  // TODO(lesson7, step 1): check the arguments first, on every rank, before any traffic ("is undefined", "must be
+  // contiguous", "must have the same dtype", "full has 10 elements, but 2 ranks x 4 need 8"). Then the ring: a
+  // partial sum travels right (to rank + 1 mod N) N - 1 times; each rank adds its own chunk to what arrives from
+  // the left and passes it on, so that the last arrival is the full sum of chunk comm.rank(). Post the receive
+  // and the send together (comm.recv_async, comm.send_async), then wait on both: a blocking send to a rank that
+  // is itself sending never returns.
+  TORCH_CHECK(false, "TODO(lesson7, step 1): reduce_scatter_into() is not implemented yet");
+}
+// [reduce_scatter_into]
+
+// [all_gather_into]
+void all_gather_into(dist::Comm& comm, const at::Tensor& shard, const at::Tensor& full) {
+  // TODO(lesson7, step 1): the same checks; copy shard into chunk comm.rank() of full, then N - 1 times send
+  // the chunk you got last to the right and receive the next one from the left straight into its place in full.
+  TORCH_CHECK(false, "TODO(lesson7, step 1): all_gather_into() is not implemented yet");
+}
+// [all_gather_into]
+
+// [padded_wrappers]
+at::Tensor reduce_scatter(dist::Comm& comm, const at::Tensor& tensor) {
+  // TODO(lesson7, step 1): pad tensor with zeros to N x shard_numel(numel, N), reduce_scatter_into a new shard.
+  TORCH_CHECK(false, "TODO(lesson7, step 1): reduce_scatter() is not implemented yet");
+}
+
+at::Tensor all_gather(dist::Comm& comm, const at::Tensor& shard, int64_t numel) {
+  // TODO(lesson7, step 1): refuse a shard that is not shard_numel(numel, N) long ("elements, but"),
+  // all_gather_into a padded buffer, return its first numel elements.
+  TORCH_CHECK(false, "TODO(lesson7, step 1): all_gather() is not implemented yet");
+}
+// [padded_wrappers]
+
+// [padded_numel]
+int64_t padded_numel(int64_t numel, int world_size) {
+  // TODO(lesson7, step 2): refuse world_size <= 0 ("world_size must be > 0"); numel rounded up to a multiple of
+  // world_size (shard_numel does half of it).
+  TORCH_CHECK(false, "TODO(lesson7, step 2): padded_numel() is not implemented yet");
+}
+// [padded_numel]
+
+// [flatten_and_shard]
+FlatParam flatten_and_shard(const std::vector<at::Tensor>& params, int rank, int world_size) {
+  // TODO(lesson7, step 2): refuse an empty list ("no parameters"), a parameter that is not float32 ("must be
+  // float32") and a rank outside 0 .. world_size - 1 ("outside 0 .."). Record each parameter's shape and offset,
+  // lay the parameters end to end with zeros up to padded_numel, and keep slice `rank` as the shard: a copy with
+  // its own storage (clone), a leaf that requires grad.
+  TORCH_CHECK(false, "TODO(lesson7, step 2): flatten_and_shard() is not implemented yet");
+}
+// [flatten_and_shard]
+
+// [unflatten]
+std::vector<at::Tensor> unflatten(const FlatParam& flat, const at::Tensor& full) {
+  // TODO(lesson7, step 2): refuse a buffer that is not padded_numel long ("elements, but"); return one view per
+  // parameter: narrow at its offset, view in its shape. No copies.
+  TORCH_CHECK(false, "TODO(lesson7, step 2): unflatten() is not implemented yet");
+}
+// [unflatten]
+
+// [gather_full]
+at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat) {
+  // TODO(lesson7, step 2): refuse a FlatParam made for another rank or world size ("was made for rank"); then a
+  // fresh buffer of padded_numel floats, filled by all_gather_into from the shard (detached: no autograd here).
+  TORCH_CHECK(false, "TODO(lesson7, step 2): gather_full() is not implemented yet");
+}
+// [gather_full]
+
+// [sharded_forward]
+at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x) {
+  // TODO(lesson7, step 3): refuse a shard that is not a leaf that requires grad ("requires grad"). Then write a
+  // custom autograd function (struct L : torch::autograd::Function<L>, static forward and backward; call it with
+  // L::apply(x, flat.shard, &comm, &flat, &fn)). Its forward saves x, gathers the full buffer, returns
+  // fn(x, unflatten(...)) and lets the buffer go. Its backward gathers again, recomputes fn with autograd on
+  // (at::AutoGradMode) from a leaf copy of the buffer, takes torch::autograd::grad of it (and of x where
+  // ctx->needs_input_grad(0)), divides the buffer's gradient by N, reduce-scatters it into a new shard-sized
+  // tensor and returns {grad of x, that shard gradient, and an undefined tensor for each of the other inputs}.
+  TORCH_CHECK(false, "TODO(lesson7, step 3): sharded_forward() is not implemented yet");
+}
+// [sharded_forward]
+
+// What ShardedStack's forward and its layers' backward share (given: the fields your step 4 code uses).
+struct ShardedStack::State {
+  State(dist::Comm& comm_, std::vector<FlatParam>& flats_, std::vector<LayerFn> fns_, bool prefetch_)
+      : comm(comm_), flats(flats_), fns(std::move(fns_)), prefetch(prefetch_), pending(flats_.size()) {}
+  dist::Comm& comm;
+  std::vector<FlatParam>& flats;
+  std::vector<LayerFn> fns;
+  bool prefetch;
+  std::vector<std::unique_ptr<PendingGather>> pending;              ///< per layer: its gather in flight, if any
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> gathered;  ///< buffers gathered, held weakly
+  int max_alive = 0;
+};
+
+ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
+    : state_(std::make_unique<State>(comm, flats, std::move(fns), prefetch)) {}
+ShardedStack::~ShardedStack() = default;
+int ShardedStack::max_alive() const { return state_->max_alive; }
+
+// [start_gather]
+at::Tensor PendingGather::wait() {
+  // TODO(lesson7, step 4): wait on every work (sends and receives), then return the buffer.
+  TORCH_CHECK(false, "TODO(lesson7, step 4): PendingGather::wait() is not implemented yet");
+}
+
+PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag) {
+  // TODO(lesson7, step 4): refuse a FlatParam of another rank or world size ("was made for rank"). A fresh buffer
+  // of padded_numel floats; copy the shard into slice comm.rank(); then for k = 1 .. N - 1 post (do not wait) a
+  // receive from rank r - k into its slice and a send of your slice to rank r + k, all with `tag`; keep the
+  // works in the PendingGather.
+  TORCH_CHECK(false, "TODO(lesson7, step 4): start_gather() is not implemented yet");
+}
+// [start_gather]
+
+// [sharded_stack]
+at::Tensor ShardedStack::forward(const at::Tensor& x) {
+  // TODO(lesson7, step 4): refuse lists of different lengths ("one LayerFn per FlatParam"). Then, like
+  // sharded_forward, a custom autograd function per layer (with state_.get() and the
+  // layer's index among its arguments), applied to the layers in order. In its forward: take the layer's buffer
+  // (state_->pending[layer] if its gather is in flight, else start_gather now and wait), then, when prefetching,
+  // start layer + 1's gather before computing. In its backward: the same with layer - 1. Give each layer's gather
+  // its own tag (apart from the rings' 0 .. N - 2). Note every buffer in state_->gathered (weakly) and, each time
+  // a layer computes, set state_->max_alive to the most of them still alive.
+  TORCH_CHECK(false, "TODO(lesson7, step 4): ShardedStack::forward() is not implemented yet");
+}
+// [sharded_stack]
+
+}  // namespace fsdp

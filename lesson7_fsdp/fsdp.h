@@ -1,0 +1,135 @@
+// Lesson 7 — Fully sharded data parallel: the API you implement. Steps, background and hints: lesson7_fsdp/README.md.
+//
+// Every rank keeps 1/N of each layer's parameters (a slice of one flat, padded buffer), gathers a layer's full
+// parameters just before the layer runs and frees them after, and turns the layer's gradient into its own
+// slice of the average at once (a reduce-scatter). The collectives are rings of Gloo's point-to-point
+// send/recv through lesson 5's counting communicator (dist::Comm), so every byte is counted.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "lesson5_distributed/comm.h"
+
+namespace fsdp {
+
+// [api_ring]
+/// Step 1: the elements of one rank's shard when `numel` elements are split over `world_size` ranks: numel / N
+/// rounded UP (the last shards end in padding). Throws "world_size must be > 0" and "numel must be >= 0".
+int64_t shard_numel(int64_t numel, int world_size);
+
+/// Step 1: ring reduce-scatter. `full` holds N equal chunks (N = comm.world_size(), full.numel() ==
+/// N * shard.numel()); afterwards `shard` holds the SUM over every rank of chunk comm.rank(). In N - 1 steps each
+/// rank sends one chunk to rank + 1 (mod N) and receives one from rank - 1, adding its own chunk to what it
+/// received: (N - 1) / N of full's bytes sent per rank, half of a ring all-reduce. `full` is not changed.
+/// Both tensors contiguous, defined, of one dtype, on the communicator's device. Throws, on the rank that
+/// sees it and before any traffic: "is undefined", "must be contiguous", "must have the same dtype",
+/// "elements, but" (full is not N x shard: "full has 10 elements, but 2 ranks x 4 need 8").
+void reduce_scatter_into(dist::Comm& comm, const at::Tensor& full, const at::Tensor& shard);
+
+/// Step 1: ring all-gather, the inverse: afterwards chunk r of `full` is rank r's `shard` (on every rank). In
+/// N - 1 steps each rank passes the chunk it got last to rank + 1: (N - 1) / N of full's bytes sent per rank.
+/// The same rules and messages as reduce_scatter_into.
+void all_gather_into(dist::Comm& comm, const at::Tensor& shard, const at::Tensor& full);
+
+/// Step 1: reduce-scatter of a 1-D tensor of any size: padded with zeros to N * shard_numel(numel, N), then
+/// reduce_scatter_into. Returns this rank's shard (shard_numel elements; padding sums to 0).
+at::Tensor reduce_scatter(dist::Comm& comm, const at::Tensor& tensor);
+
+/// Step 1: all_gather_into of every rank's `shard` (shard_numel(numel, N) elements each), the padding dropped:
+/// returns the first `numel` elements. Throws "elements, but" when shard is not shard_numel(numel, N) long.
+at::Tensor all_gather(dist::Comm& comm, const at::Tensor& shard, int64_t numel);
+// [api_ring]
+
+// [api_flat]
+/// Step 2: FSDP's FlatParameter: one layer's parameters laid end to end in one flat buffer, padded with zeros
+/// to a multiple of N, of which this rank keeps only slice `rank` — its only persistent storage of them.
+struct FlatParam {
+  std::vector<std::vector<int64_t>> shapes;  ///< each parameter's shape, in order
+  std::vector<int64_t> offsets;              ///< where each parameter starts in the flat buffer
+  int64_t numel = 0;                         ///< the parameters' elements together
+  int64_t padded_numel = 0;                  ///< numel rounded up to a multiple of world_size
+  int rank = 0;
+  int world_size = 1;
+  /// Elements [rank * S, (rank + 1) * S) of the padded flat buffer, S = padded_numel / world_size: float32,
+  /// its own storage of exactly S elements (not a view of a bigger buffer), a leaf that requires grad (the
+  /// optimizer steps it and nothing else).
+  at::Tensor shard;
+};
+
+/// Step 2: numel rounded up to a multiple of world_size (0 stays 0). Throws "world_size must be > 0".
+int64_t padded_numel(int64_t numel, int world_size);
+
+/// Step 2: flattens `params` (float32, as many as the layer has, any shapes) into a zero-padded flat buffer of
+/// padded_numel(sum of numel, world_size) elements and keeps slice `rank` as `shard` (a copy: the caller's
+/// tensors may be freed). Throws "no parameters" for an empty list, "must be float32" for another dtype and
+/// "outside 0 .." for a rank that is not in 0 .. world_size - 1.
+FlatParam flatten_and_shard(const std::vector<at::Tensor>& params, int rank, int world_size);
+
+/// Step 2: the parameters again, as VIEWS into `full` (a gathered flat buffer of flat.padded_numel elements), in
+/// flat.shapes: no copy, so what writes one writes the other, and the views keep `full`'s storage alive.
+/// Throws "elements, but" when full is not padded_numel long.
+std::vector<at::Tensor> unflatten(const FlatParam& flat, const at::Tensor& full);
+
+/// Step 2: a new buffer of flat.padded_numel elements holding every rank's shard (all_gather_into). Throws "was made
+/// for rank" when `flat` belongs to another rank or world size than `comm`.
+at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat);
+// [api_flat]
+
+// [api_layer]
+/// What one layer computes from its input and its parameters (the views unflatten makes, in order).
+using LayerFn = std::function<at::Tensor(const at::Tensor& x, const std::vector<at::Tensor>& params)>;
+
+/// Step 3: runs one layer on sharded parameters, as FSDP does. Forward: gathers the full flat buffer
+/// (gather_full), computes fn(x, unflatten(...)), frees the full buffer before returning (nothing of it is
+/// kept). Backward (autograd calls it when the loss is backpropagated): gathers again, recomputes the layer
+/// with autograd to get the gradients of x and of the flat buffer, divides the flat gradient by N and
+/// reduce-scatters it into flat.shard's grad (accumulated like any leaf's .grad), and frees the buffer again.
+/// Per call and per backward: two all-gathers and one reduce-scatter of padded_numel floats, nothing else.
+/// `comm`, `flat` and `fn` must outlive the backward. Throws "requires grad" when flat.shard is not a leaf
+/// that requires grad.
+at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x);
+// [api_layer]
+
+// [api_prefetch]
+/// Step 4: an all-gather in flight. wait() waits for every send and receive and returns the gathered buffer
+/// (padded_numel floats, every rank's shard in rank order).
+struct PendingGather {
+  at::Tensor full;
+  std::vector<dist::AsyncWork> works;
+  at::Tensor wait();
+};
+
+/// Step 4: starts the all-gather of `flat` and returns at once: each rank posts a send of its shard to every
+/// other rank and a receive from each, straight into its place in `full`, all with tag `tag`. The same
+/// (N - 1) / N x padded bytes per rank as the ring, in one round instead of N - 1, and nothing to wait for until
+/// the buffer is needed. Throws "was made for rank" like gather_full.
+PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag);
+
+/// Step 4: a stack of sharded layers run in order (layer 0 first), each as sharded_forward runs one, but with
+/// the NEXT layer's all-gather in flight while a layer computes: in the forward, layer l + 1's gather starts
+/// before layer l runs; in the backward, layer l - 1's starts before layer l recomputes and reduce-scatters. At
+/// most two layers' full parameters are alive at once. With prefetch = false each gather starts only when its
+/// layer needs it: the same results and the same bytes. `comm`, `flats` and the stack must outlive the
+/// backward. forward() throws "one LayerFn per FlatParam" when the two lists differ in length.
+class ShardedStack {
+ public:
+  ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch = true);
+  ~ShardedStack();
+  /// Runs every layer on x; backpropagating from the result fills every flat.shard's grad.
+  at::Tensor forward(const at::Tensor& x);
+  /// The most gathered buffers that were alive at once when a layer computed (forward or backward), so far.
+  int max_alive() const;
+
+  struct State;  ///< what the forward and the backward share (defined in fsdp.cc)
+
+ private:
+  std::unique_ptr<State> state_;
+};
+// [api_prefetch]
+
+}  // namespace fsdp

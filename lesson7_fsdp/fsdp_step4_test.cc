@@ -1,0 +1,196 @@
+// Checks for lesson 7, step 4: the next layer's all-gather in flight while a layer computes (prefetch).
+// Run: bazel test //lesson7_fsdp:fsdp_step4_test
+#include "lesson7_fsdp/fsdp_test_problem.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "common/memory_meter.h"
+#include "lesson5_distributed/comm.h"
+#include "lesson7_fsdp/fsdp.h"
+
+using namespace fsdp_checks;  // NOLINT: the shared problem (fsdp_test_problem.h)
+
+namespace {
+
+struct Run {
+  std::vector<torch::Tensor> params;  // after the steps, gathered back
+  int max_alive = 0;
+  int64_t sent_per_step = 0;  // the last step's bytes
+  int64_t sends_per_step = 0;
+};
+
+// `steps` steps of the problem on this rank through a ShardedStack.
+Run stack_training(dist::Comm& comm, const Problem& p, Opt opt, int steps, bool prefetch) {
+  const int r = comm.rank(), n = comm.world_size();
+  std::vector<fsdp::FlatParam> flats;
+  for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+  std::vector<torch::Tensor> shards;
+  for (auto& flat : flats) shards.push_back(flat.shard);
+  auto optimizer = make_optimizer(shards, opt);
+  fsdp::ShardedStack stack(comm, flats, kLayers, prefetch);
+  Run run;
+  for (int s = 0; s < steps; ++s) {
+    comm.reset_stats();
+    optimizer->zero_grad();
+    torch::mse_loss(stack.forward(rows(p.x, r, n)), rows(p.y, r, n)).backward();
+    run.sent_per_step = comm.stats().send_bytes;
+    run.sends_per_step = comm.stats().send_calls;
+    optimizer->step();
+  }
+  run.max_alive = stack.max_alive();
+  run.params = gathered_params(comm, flats);
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("[step4] start_gather: every rank's shard in rank order, (N-1)/N of the padded bytes, in one round") {
+  const Problem p = make_problem();
+  for (const int n : {2, 3, 4}) {
+    std::vector<torch::Tensor> got(static_cast<size_t>(n));
+    std::vector<dist::CommStats> stats(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      const fsdp::FlatParam flat = fsdp::flatten_and_shard(p.layers[1], comm.rank(), n);
+      fsdp::PendingGather pending = fsdp::start_gather(comm, flat, 7);
+      got[static_cast<size_t>(comm.rank())] = pending.wait();
+      stats[static_cast<size_t>(comm.rank())] = comm.stats();
+    });
+    const fsdp::FlatParam any = fsdp::flatten_and_shard(p.layers[1], 0, n);
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(n);
+      CAPTURE(r);
+      const std::vector<torch::Tensor> views = fsdp::unflatten(any, got[static_cast<size_t>(r)]);
+      CHECK(torch::equal(views[0], p.layers[1][0]));
+      CHECK(torch::equal(views[1], p.layers[1][1]));
+      CHECK(stats[static_cast<size_t>(r)].send_bytes == (n - 1) * shard_of(kLayerNumel[1], n) * 4);
+      CHECK(stats[static_cast<size_t>(r)].send_calls == n - 1);
+    }
+  }
+  fsdp_checks::check_fails_on_every_rank(
+      2,
+      [&](dist::Comm& comm) {
+        const fsdp::FlatParam flat = fsdp::flatten_and_shard(p.layers[0], comm.rank(), 3);
+        fsdp::start_gather(comm, flat, 0);
+      },
+      "was made for rank");
+}
+
+TEST_CASE("[step4] with and without prefetch: the same parameters, the same bytes; two buffers alive at most") {
+  const Problem p = make_problem();
+  for (const Opt opt : {Opt::kSgd, Opt::kAdam}) {
+    const std::vector<torch::Tensor> reference = full_batch(p, opt, 3);
+    for (const int n : {2, 3}) {
+      std::vector<Run> with(static_cast<size_t>(n)), without(static_cast<size_t>(n));
+      dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+        with[static_cast<size_t>(comm.rank())] = stack_training(comm, p, opt, 3, true);
+        without[static_cast<size_t>(comm.rank())] = stack_training(comm, p, opt, 3, false);
+      });
+      int64_t bytes = 0;
+      for (int l = 0; l < 3; ++l) bytes += 3 * (n - 1) * shard_of(kLayerNumel[l], n) * 4;
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(n);
+        CAPTURE(r);
+        CAPTURE(opt == Opt::kSgd ? "SGD" : "Adam");
+        const Run& a = with[static_cast<size_t>(r)];
+        const Run& b = without[static_cast<size_t>(r)];
+        REQUIRE(a.params.size() == b.params.size());
+        for (size_t i = 0; i < a.params.size(); ++i) CHECK(torch::equal(a.params[i], b.params[i]));
+        CHECK(rel_error(a.params, reference) <= 1e-6);
+        CHECK(a.sent_per_step == bytes);  // 2 all-gathers + 1 reduce-scatter per layer, prefetched or not
+        CHECK(b.sent_per_step == bytes);
+        CHECK(a.sends_per_step == 9 * (n - 1));
+        CHECK(a.max_alive == 2);  // the layer computing and the next one's gather in flight, never more
+        CHECK(b.max_alive == 1);  // without prefetch: one layer's at a time
+      }
+    }
+  }
+}
+
+TEST_CASE("[step4] the next layer's gather is under way before a layer computes, forward and backward") {
+  const Problem p = make_problem();
+  const int n = 2;
+  // On 2 ranks every gather or reduce-scatter is one send of the layer's shard, and the three shards differ in
+  // size: the last send before a layer function runs names the layer whose collective was started last.
+  std::vector<std::string> send_of;
+  for (int l = 0; l < 3; ++l) send_of.push_back("send " + std::to_string(4 * shard_of(kLayerNumel[l], n)));
+  for (const bool prefetch : {true, false}) {
+    std::vector<std::pair<int64_t, std::string>> seen;  // rank 0: (sends so far, the last one) at each layer call
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      std::vector<fsdp::FlatParam> flats;
+      for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), n));
+      std::vector<fsdp::LayerFn> watched;
+      for (const auto& fn : kLayers) {
+        watched.push_back([&comm, &seen, fn](const torch::Tensor& x, const std::vector<torch::Tensor>& params) {
+          if (comm.rank() == 0) {
+            std::string last;
+            for (const auto& entry : comm.log()) {
+              if (entry.rfind("send ", 0) == 0) last = entry;
+            }
+            seen.emplace_back(comm.stats().send_calls, last);
+          }
+          return fn(x, params);
+        });
+      }
+      fsdp::ShardedStack stack(comm, flats, watched, prefetch);
+      comm.reset_stats();
+      stack.forward(rows(p.x, comm.rank(), n)).sum().backward();
+    });
+    CAPTURE(prefetch);
+    // Forward, layers 0, 1, 2: with prefetch, layer l runs after layer l + 1's gather has started. Backward, layers
+    // 2, 1, 0: layer 2 is gathered again; with prefetch layer l - 1's gather starts before layer l recomputes; each
+    // reduce-scatter follows its layer's recomputation.
+    const std::vector<std::pair<int64_t, std::string>> expected =
+        prefetch ? std::vector<std::pair<int64_t, std::string>>{{2, send_of[1]}, {3, send_of[2]}, {3, send_of[2]},
+                                                                {5, send_of[1]}, {7, send_of[0]}, {8, send_of[1]}}
+                 : std::vector<std::pair<int64_t, std::string>>{{1, send_of[0]}, {2, send_of[1]}, {3, send_of[2]},
+                                                                {4, send_of[2]}, {6, send_of[1]}, {8, send_of[0]}};
+    REQUIRE(seen.size() == expected.size());
+    for (size_t i = 0; i < seen.size(); ++i) {
+      CAPTURE(i);
+      CHECK(seen[i].first == expected[i].first);
+      CHECK(seen[i].second == expected[i].second);
+    }
+  }
+}
+
+TEST_CASE("[step4] one LayerFn per FlatParam") {
+  const Problem p = make_problem();
+  const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(1), [&](dist::Comm& comm) {
+    std::vector<fsdp::FlatParam> flats{fsdp::flatten_and_shard(p.layers[0], 0, 1)};
+    fsdp::ShardedStack stack(comm, flats, kLayers);
+    stack.forward(p.x);
+  });
+  REQUIRE(outcomes.size() == 1);
+  CHECK_FALSE(outcomes[0].ok);
+  CHECK(outcomes[0].error.find("one LayerFn per FlatParam") != std::string::npos);
+}
+
+TEST_CASE("[step4] lesson 4's meter: a prefetching forward holds two layers' full parameters, never three") {
+  const std::vector<std::vector<torch::Tensor>> layers = wide_layers();
+  const int n = 2;
+  for (const bool prefetch : {true, false}) {
+    std::vector<int64_t> peak(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      std::vector<fsdp::FlatParam> flats;
+      for (const auto& layer : layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), n));
+      fsdp::ShardedStack stack(comm, flats, std::vector<fsdp::LayerFn>(layers.size(), fsdp::LayerFn(hidden)), prefetch);
+      const torch::Tensor x = torch::randn({2, 64});
+      workshop::MemoryMeter meter(torch::kCPU, workshop::MeterScope::kThisThread);  // this rank's thread only
+      stack.forward(x);
+      peak[static_cast<size_t>(comm.rank())] = meter.peak_bytes();
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(prefetch);
+      CAPTURE(r);
+      CAPTURE(peak[static_cast<size_t>(r)]);
+      // Gathered layers of 16640 bytes each plus at most 8 KiB of activations and temporaries.
+      const int64_t buffers = prefetch ? 2 : 1;
+      CHECK(peak[static_cast<size_t>(r)] >= buffers * kWideLayerBytes);
+      CHECK(peak[static_cast<size_t>(r)] <= buffers * kWideLayerBytes + 8192);
+    }
+  }
+}

@@ -1,0 +1,354 @@
+// Lesson 7 — reference solution.
+#include "lesson7_fsdp/fsdp.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
+#include <ATen/core/grad_mode.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace fsdp {
+
+namespace {
+
+// The checks both rings make before any traffic: every rank that gets bad input fails at once, by name.
+void check_ring_args(const dist::Comm& comm, const char* op, const at::Tensor& shard, const at::Tensor& full) {
+  TORCH_CHECK(full.defined(), op, ": full is undefined");
+  TORCH_CHECK(shard.defined(), op, ": shard is undefined");
+  TORCH_CHECK(full.is_contiguous() && shard.is_contiguous(), op, ": full and shard must be contiguous");
+  TORCH_CHECK(full.scalar_type() == shard.scalar_type(), op, ": full and shard must have the same dtype, got ",
+              full.scalar_type(), " and ", shard.scalar_type());
+  const int64_t n = comm.world_size();
+  TORCH_CHECK(full.numel() == n * shard.numel(), op, ": full has ", full.numel(), " elements, but ", n, " ranks x ",
+              shard.numel(), " need ", n * shard.numel());
+}
+
+// Chunk i of N equal chunks of a flat tensor (a contiguous view).
+at::Tensor chunk_of(const at::Tensor& flat, int64_t i, int64_t size) { return flat.narrow(0, i * size, size); }
+
+int64_t mod(int64_t a, int64_t n) { return ((a % n) + n) % n; }
+
+int64_t elements_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (const int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+// [shard_numel]
+int64_t shard_numel(int64_t numel, int world_size) {
+  TORCH_CHECK(world_size > 0, "shard_numel: world_size must be > 0, got ", world_size);
+  TORCH_CHECK(numel >= 0, "shard_numel: numel must be >= 0, got ", numel);
+  return (numel + world_size - 1) / world_size;
+}
+// [shard_numel]
+
+// [reduce_scatter_into]
+void reduce_scatter_into(dist::Comm& comm, const at::Tensor& full, const at::Tensor& shard) {
+  check_ring_args(comm, "reduce_scatter_into", shard, full);
+  const int64_t n = comm.world_size(), r = comm.rank(), size = shard.numel();
+  const at::Tensor flat = full.view({-1});
+  const int right = static_cast<int>(mod(r + 1, n)), left = static_cast<int>(mod(r - 1, n));
+  // The partial sum that travels: it starts as our chunk r - 1 and, N - 1 hops later, arrives here as chunk r.
+  at::Tensor travelling = chunk_of(flat, mod(r - 1, n), size).clone();
+  at::Tensor received = at::empty_like(travelling);
+  for (int64_t step = 0; step < n - 1; ++step) {
+    dist::AsyncWork recv = comm.recv_async(received, left, static_cast<int>(step));
+    dist::AsyncWork send = comm.send_async(travelling, right, static_cast<int>(step));
+    send.wait();
+    recv.wait();
+    // What came from the left is the partial sum of chunk r - 2 - step: add ours and pass it on.
+    travelling = chunk_of(flat, mod(r - 2 - step, n), size) + received;
+  }
+  shard.view({-1}).copy_(travelling);
+}
+// [reduce_scatter_into]
+
+// [all_gather_into]
+void all_gather_into(dist::Comm& comm, const at::Tensor& shard, const at::Tensor& full) {
+  check_ring_args(comm, "all_gather_into", shard, full);
+  const int64_t n = comm.world_size(), r = comm.rank(), size = shard.numel();
+  const at::Tensor flat = full.view({-1});
+  const int right = static_cast<int>(mod(r + 1, n)), left = static_cast<int>(mod(r - 1, n));
+  chunk_of(flat, r, size).copy_(shard.view({-1}));
+  for (int64_t step = 0; step < n - 1; ++step) {
+    // Pass on the chunk we got last (our own first); the one from the left lands in its place directly.
+    dist::AsyncWork recv = comm.recv_async(chunk_of(flat, mod(r - 1 - step, n), size), left, static_cast<int>(step));
+    dist::AsyncWork send = comm.send_async(chunk_of(flat, mod(r - step, n), size), right, static_cast<int>(step));
+    send.wait();
+    recv.wait();
+  }
+}
+// [all_gather_into]
+
+// [padded_wrappers]
+at::Tensor reduce_scatter(dist::Comm& comm, const at::Tensor& tensor) {
+  TORCH_CHECK(tensor.defined(), "reduce_scatter: tensor is undefined");
+  const int64_t size = shard_numel(tensor.numel(), comm.world_size());
+  at::Tensor padded = at::zeros({size * comm.world_size()}, tensor.options());
+  padded.narrow(0, 0, tensor.numel()).copy_(tensor.reshape({-1}));
+  at::Tensor shard = at::empty({size}, tensor.options());
+  reduce_scatter_into(comm, padded, shard);
+  return shard;
+}
+
+at::Tensor all_gather(dist::Comm& comm, const at::Tensor& shard, int64_t numel) {
+  TORCH_CHECK(shard.defined(), "all_gather: shard is undefined");
+  const int64_t size = shard_numel(numel, comm.world_size());
+  TORCH_CHECK(shard.numel() == size, "all_gather: shard has ", shard.numel(), " elements, but ", numel,
+              " elements over ", comm.world_size(), " ranks need ", size, " per rank");
+  at::Tensor full = at::empty({size * comm.world_size()}, shard.options());
+  all_gather_into(comm, shard, full);
+  return full.narrow(0, 0, numel);
+}
+// [padded_wrappers]
+
+// [padded_numel]
+int64_t padded_numel(int64_t numel, int world_size) {
+  TORCH_CHECK(world_size > 0, "padded_numel: world_size must be > 0, got ", world_size);
+  return shard_numel(numel, world_size) * world_size;
+}
+// [padded_numel]
+
+// [flatten_and_shard]
+FlatParam flatten_and_shard(const std::vector<at::Tensor>& params, int rank, int world_size) {
+  TORCH_CHECK(!params.empty(), "flatten_and_shard: no parameters");
+  TORCH_CHECK(world_size > 0, "flatten_and_shard: world_size must be > 0, got ", world_size);
+  TORCH_CHECK(rank >= 0 && rank < world_size, "flatten_and_shard: rank ", rank, " is outside 0 .. ", world_size - 1);
+  FlatParam flat;
+  flat.rank = rank;
+  flat.world_size = world_size;
+  std::vector<at::Tensor> pieces;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    TORCH_CHECK(p.defined() && p.scalar_type() == at::kFloat, "flatten_and_shard: parameter ", i,
+                " must be float32, got ", p.defined() ? c10::toString(p.scalar_type()) : "an undefined tensor");
+    flat.shapes.push_back(p.sizes().vec());
+    flat.offsets.push_back(flat.numel);
+    flat.numel += p.numel();
+    pieces.push_back(p.detach().reshape({-1}));
+  }
+  flat.padded_numel = padded_numel(flat.numel, world_size);
+  const int64_t size = flat.padded_numel / world_size;
+  pieces.push_back(at::zeros({flat.padded_numel - flat.numel}, at::kFloat));  // the padding: zeros
+  const at::Tensor whole = at::cat(pieces);
+  // clone(): the shard gets storage of its own, S elements; a view would keep the whole buffer alive.
+  flat.shard = whole.narrow(0, rank * size, size).clone().requires_grad_(true);
+  return flat;
+}
+// [flatten_and_shard]
+
+// [unflatten]
+std::vector<at::Tensor> unflatten(const FlatParam& flat, const at::Tensor& full) {
+  TORCH_CHECK(full.defined(), "unflatten: full is undefined");
+  TORCH_CHECK(full.numel() == flat.padded_numel, "unflatten: full has ", full.numel(),
+              " elements, but the FlatParam needs ", flat.padded_numel, " (padded_numel)");
+  const at::Tensor f = full.view({-1});
+  std::vector<at::Tensor> views;
+  for (size_t i = 0; i < flat.shapes.size(); ++i) {
+    views.push_back(f.narrow(0, flat.offsets[i], elements_of(flat.shapes[i])).view(flat.shapes[i]));
+  }
+  return views;
+}
+// [unflatten]
+
+// [gather_full]
+at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat) {
+  TORCH_CHECK(flat.rank == comm.rank() && flat.world_size == comm.world_size(),
+              "gather_full: the FlatParam was made for rank ", flat.rank, " of ", flat.world_size,
+              ", but this is rank ", comm.rank(), " of ", comm.world_size());
+  at::Tensor full = at::empty({flat.padded_numel}, at::kFloat);
+  all_gather_into(comm, flat.shard.detach(), full);
+  return full;
+}
+// [gather_full]
+
+// [sharded_forward]
+namespace {
+
+// One layer on sharded parameters, as an autograd function: what autograd calls in the backward is ours, so the
+// gather before the layer's backward and the reduce-scatter right after it happen exactly there.
+struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& shard,
+                            dist::Comm* comm, FlatParam* flat, const LayerFn* fn) {
+    // Autograd keeps plain data only: the three objects the backward needs go in as addresses.
+    ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm);
+    ctx->saved_data["flat"] = reinterpret_cast<int64_t>(flat);
+    ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
+    ctx->save_for_backward({x});
+    const at::Tensor full = gather_full(*comm, *flat);
+    return (*fn)(x, unflatten(*flat, full));
+    // `full` and its views end here: nothing of the gathered buffer outlives the forward.
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto* comm = reinterpret_cast<dist::Comm*>(ctx->saved_data["comm"].toInt());
+    auto* flat = reinterpret_cast<FlatParam*>(ctx->saved_data["flat"].toInt());
+    const auto* fn = reinterpret_cast<const LayerFn*>(ctx->saved_data["fn"].toInt());
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const bool needs_x = ctx->needs_input_grad(0);
+    // Gather again (the forward freed it) and recompute the layer with autograd on, from the saved input.
+    const at::Tensor full = gather_full(*comm, *flat).requires_grad_(true);
+    const at::Tensor x_in = x.detach().requires_grad_(needs_x);
+    torch::autograd::variable_list grads;
+    {
+      at::AutoGradMode enable(true);
+      const at::Tensor y = (*fn)(x_in, unflatten(*flat, full));
+      torch::autograd::variable_list inputs{full};
+      if (needs_x) inputs.push_back(x_in);
+      grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]});
+    }
+    // The average over the ranks, and only this rank's slice of it: a reduce-scatter of grad / N.
+    const at::Tensor flat_grad = grads[0] / static_cast<double>(comm->world_size());
+    at::Tensor shard_grad = at::empty({flat->padded_numel / flat->world_size}, at::kFloat);
+    reduce_scatter_into(*comm, flat_grad, shard_grad);
+    return {needs_x ? grads[1] : at::Tensor(), shard_grad, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x) {
+  TORCH_CHECK(flat.shard.defined() && flat.shard.is_leaf() && flat.shard.requires_grad(),
+              "sharded_forward: flat.shard must be a leaf that requires grad (flatten_and_shard makes it one)");
+  return ShardedLayer::apply(x, flat.shard, &comm, &flat, &fn);
+}
+// [sharded_forward]
+
+// What ShardedStack's forward and its layers' backward share (given: the fields your step 4 code uses).
+struct ShardedStack::State {
+  State(dist::Comm& comm_, std::vector<FlatParam>& flats_, std::vector<LayerFn> fns_, bool prefetch_)
+      : comm(comm_), flats(flats_), fns(std::move(fns_)), prefetch(prefetch_), pending(flats_.size()) {}
+  dist::Comm& comm;
+  std::vector<FlatParam>& flats;
+  std::vector<LayerFn> fns;
+  bool prefetch;
+  std::vector<std::unique_ptr<PendingGather>> pending;              ///< per layer: its gather in flight, if any
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> gathered;  ///< buffers gathered, held weakly
+  int max_alive = 0;
+};
+
+ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
+    : state_(std::make_unique<State>(comm, flats, std::move(fns), prefetch)) {}
+ShardedStack::~ShardedStack() = default;
+int ShardedStack::max_alive() const { return state_->max_alive; }
+
+// [start_gather]
+at::Tensor PendingGather::wait() {
+  for (auto& work : works) work.wait();
+  works.clear();
+  return full;
+}
+
+PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag) {
+  TORCH_CHECK(flat.rank == comm.rank() && flat.world_size == comm.world_size(),
+              "start_gather: the FlatParam was made for rank ", flat.rank, " of ", flat.world_size,
+              ", but this is rank ", comm.rank(), " of ", comm.world_size());
+  const int n = comm.world_size(), r = comm.rank();
+  const int64_t size = flat.padded_numel / n;
+  PendingGather pending;
+  pending.full = at::empty({flat.padded_numel}, at::kFloat);
+  const at::Tensor mine = pending.full.narrow(0, r * size, size);
+  mine.copy_(flat.shard.detach());
+  for (int k = 1; k < n; ++k) {  // round k: receive from rank r - k, send to rank r + k; all posted now
+    const int from = (r - k + n) % n, to = (r + k) % n;
+    pending.works.push_back(comm.recv_async(pending.full.narrow(0, from * size, size), from, tag));
+    pending.works.push_back(comm.send_async(mine, to, tag));
+  }
+  return pending;
+}
+// [start_gather]
+
+// [sharded_stack]
+namespace {
+
+constexpr int kPrefetchTag = 1 << 16;  // + layer: apart from the rings' tags (0 .. N - 2)
+
+// Starts layer's gather (when prefetching and the layer exists) and notes its buffer.
+void start_layer(ShardedStack::State& s, int64_t layer) {
+  if (layer < 0 || layer >= static_cast<int64_t>(s.flats.size()) || s.pending[layer]) return;
+  s.pending[layer] =
+      std::make_unique<PendingGather>(start_gather(s.comm, s.flats[layer], kPrefetchTag + static_cast<int>(layer)));
+  s.gathered.push_back(s.pending[layer]->full.storage().getWeakStorageImpl());
+}
+
+// Layer's gathered buffer: the one in flight (started ahead), or one gathered now.
+at::Tensor take_layer(ShardedStack::State& s, int64_t layer) {
+  start_layer(s, layer);  // nothing in flight: start it now (and wait below)
+  const at::Tensor full = s.pending[layer]->wait();
+  s.pending[layer].reset();
+  return full;
+}
+
+// The gathered buffers alive now (the one in use and any in flight): the most of them is max_alive.
+void note_alive(ShardedStack::State& s) {
+  s.gathered.erase(std::remove_if(s.gathered.begin(), s.gathered.end(), [](const auto& g) { return g.expired(); }),
+                   s.gathered.end());
+  s.max_alive = std::max(s.max_alive, static_cast<int>(s.gathered.size()));
+}
+
+struct StackLayer : public torch::autograd::Function<StackLayer> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& shard,
+                            ShardedStack::State* s, int64_t layer) {
+    ctx->saved_data["state"] = reinterpret_cast<int64_t>(s);
+    ctx->saved_data["layer"] = layer;
+    ctx->save_for_backward({x});
+    const at::Tensor full = take_layer(*s, layer);
+    if (s->prefetch) start_layer(*s, layer + 1);  // the next layer's gather travels while this one computes
+    note_alive(*s);
+    return s->fns[layer](x, unflatten(s->flats[layer], full));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto* s = reinterpret_cast<ShardedStack::State*>(ctx->saved_data["state"].toInt());
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const bool needs_x = ctx->needs_input_grad(0);
+    const at::Tensor full = take_layer(*s, layer).requires_grad_(true);
+    if (s->prefetch) start_layer(*s, layer - 1);  // the layer below is next in the backward
+    note_alive(*s);
+    const at::Tensor x_in = x.detach().requires_grad_(needs_x);
+    torch::autograd::variable_list grads;
+    {
+      at::AutoGradMode enable(true);
+      const at::Tensor y = s->fns[layer](x_in, unflatten(s->flats[layer], full));
+      torch::autograd::variable_list inputs{full};
+      if (needs_x) inputs.push_back(x_in);
+      grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]});
+    }
+    const FlatParam& flat = s->flats[layer];
+    const at::Tensor flat_grad = grads[0] / static_cast<double>(s->comm.world_size());
+    at::Tensor shard_grad = at::empty({flat.padded_numel / flat.world_size}, at::kFloat);
+    reduce_scatter_into(s->comm, flat_grad, shard_grad);
+    return {needs_x ? grads[1] : at::Tensor(), shard_grad, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ShardedStack::forward(const at::Tensor& x) {
+  TORCH_CHECK(state_->fns.size() == state_->flats.size(), "ShardedStack: one LayerFn per FlatParam, got ",
+              state_->flats.size(), " FlatParams and ", state_->fns.size(), " LayerFns");
+  at::Tensor h = x;
+  for (size_t l = 0; l < state_->flats.size(); ++l) {
+    const at::Tensor& shard = state_->flats[l].shard;
+    TORCH_CHECK(shard.defined() && shard.is_leaf() && shard.requires_grad(), "ShardedStack: layer ", l,
+                "'s shard must be a leaf that requires grad");
+    h = StackLayer::apply(h, shard, state_.get(), static_cast<int64_t>(l));
+  }
+  return h;
+}
+// [sharded_stack]
+
+}  // namespace fsdp
