@@ -195,7 +195,7 @@ LESSONS = [
         learn = "(draft) ring reduce-scatter and all-gather on send/recv, flat padded shards, gather on demand (ZeRO-3 / FSDP)",
         need = "CPU (ranks on loopback)",
         draft = True,
-        tests = ["fsdp_step1_test", "fsdp_step2_test", "fsdp_step3_test", "fsdp_step4_test"],
+        tests = ["fsdp_step1_test", "fsdp_step2_test", "fsdp_step3_test", "fsdp_step4_test", "fsdp_step5_test"],
         learner = ["fsdp.cc"],
         headers = ["fsdp.h"],
         checks = [
@@ -203,6 +203,7 @@ LESSONS = [
             "fsdp_step2_test.cc",
             "fsdp_step3_test.cc",
             "fsdp_step4_test.cc",
+            "fsdp_step5_test.cc",
             "fsdp_test_helpers.h",
             "fsdp_test_problem.h",
         ],
