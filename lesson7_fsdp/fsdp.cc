@@ -152,4 +152,40 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
 }
 // [sharded_stack]
 
+// [mixed_precision]
+void check_mixed_precision(const MixedPrecision& mp) {
+  // TODO(lesson7, step 5): refuse a param_dtype other than float32, bfloat16 and float16 ("param_dtype must be
+  // float32, bfloat16 or float16") and a reduce_dtype that is neither float32 nor the param_dtype ("reduce_dtype
+  // must be float32 or the param_dtype").
+  TORCH_CHECK(false, "TODO(lesson7, step 5): check_mixed_precision() is not implemented yet");
+}
+
+at::Tensor gather_full_as(dist::Comm& comm, const FlatParam& flat, at::ScalarType dtype) {
+  // TODO(lesson7, step 5): gather_full's check ("was made for rank"); then a fresh buffer of padded_numel elements
+  // of `dtype`, filled by all_gather_into from the shard cast to dtype FIRST (so the ring carries dtype's bytes).
+  TORCH_CHECK(false, "TODO(lesson7, step 5): gather_full_as() is not implemented yet");
+}
+
+at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x,
+                                 const MixedPrecision& mp) {
+  // TODO(lesson7, step 5): check_mixed_precision(mp) and step 3's "requires grad" check first. Then step 3's
+  // autograd function with three casts (pass mp by value to apply; keep its dtypes in ctx->saved_data as
+  // integers): the forward gathers with gather_full_as(..., mp.param_dtype) and computes on x.to(param_dtype);
+  // the backward gathers the same way, recomputes from x cast to param_dtype, casts the buffer's gradient to
+  // mp.reduce_dtype, divides it by N, reduce-scatters it in reduce_dtype and returns it cast to float32 (and x's
+  // gradient in x's dtype).
+  TORCH_CHECK(false, "TODO(lesson7, step 5): sharded_forward_mixed() is not implemented yet");
+}
+// [mixed_precision]
+
+// [sharded_unscale]
+bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& flats, double scale) {
+  // TODO(lesson7, step 5): refuse a scale that is not finite and > 0 ("scale must be finite and > 0"). Multiply
+  // each shard's gradient (where it has one) by 1 / scale in place, once, and set a one-element float32 flag to 1
+  // if any holds an inf or NaN (at::isfinite). Then agree: comm.all_reduce(flag, dist::ReduceOp::kMax), so that
+  // every rank returns the same answer; return whether the flag is non-zero.
+  TORCH_CHECK(false, "TODO(lesson7, step 5): sharded_unscale_and_check() is not implemented yet");
+}
+// [sharded_unscale]
+
 }  // namespace fsdp

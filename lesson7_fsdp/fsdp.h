@@ -132,4 +132,42 @@ class ShardedStack {
 };
 // [api_prefetch]
 
+// [api_mixed]
+/// Step 5: FSDP's MixedPrecision. The master copy stays the float32 shard (FlatParam::shard, what the optimizer
+/// steps); a layer's parameters are gathered in `param_dtype` (the shard cast first, so the wire carries the
+/// 16-bit bytes), the layer computes in it, and its gradient is reduce-scattered in `reduce_dtype`, then cast
+/// back to float32 for the optimizer. All float32: exactly step 3.
+struct MixedPrecision {
+  at::ScalarType param_dtype = at::kFloat;   ///< float32, bfloat16 or float16
+  at::ScalarType reduce_dtype = at::kFloat;  ///< float32 or param_dtype
+};
+
+/// Step 5: refuses, by name, a param_dtype other than float32, bfloat16 and float16 ("param_dtype must be
+/// float32, bfloat16 or float16": float64 and the integer types included) and a reduce_dtype that is neither
+/// float32 nor the param_dtype ("reduce_dtype must be float32 or the param_dtype").
+void check_mixed_precision(const MixedPrecision& mp);
+
+/// Step 5: gather_full in `dtype`: each rank casts its float32 shard to `dtype` and all-gathers that, so each
+/// rank sends (N - 1) x S x (bytes of dtype), half of gather_full's bytes for a 16-bit dtype. Returns a new
+/// buffer of flat.padded_numel elements of `dtype`. Throws "was made for rank" like gather_full.
+at::Tensor gather_full_as(dist::Comm& comm, const FlatParam& flat, at::ScalarType dtype);
+
+/// Step 5: sharded_forward in mixed precision. Forward: check_mixed_precision (before any traffic), gather in
+/// mp.param_dtype (gather_full_as), compute fn(x cast to param_dtype, the views): the result is param_dtype.
+/// Backward: gather again in param_dtype, recompute with autograd, cast the flat gradient to mp.reduce_dtype,
+/// divide it by N and reduce-scatter it in reduce_dtype; the shard's gradient is that, cast to float32 (the
+/// optimizer sees float32 only); x's gradient comes back in x's dtype. flat.shard stays float32, never rounded.
+/// The same rules as sharded_forward ("requires grad").
+at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x,
+                                 const MixedPrecision& mp);
+
+/// Step 5: the gradient scaler across shards, as PyTorch's ShardedGradScaler. Each rank multiplies the gradient
+/// of each of ITS shards by 1 / scale in place (once) and notes whether any holds an inf or NaN; then the ranks
+/// agree with one all-reduce MAX of that one float32 flag (4 bytes), so that the result is the same on EVERY
+/// rank: true when any rank's shard saw an inf or NaN. The caller then skips the step and backs the scale off on
+/// every rank, or steps on every rank. Shards without a gradient are skipped (the rank still joins the
+/// all-reduce). Throws "scale must be finite and > 0" on the rank that sees it, before any traffic.
+bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& flats, double scale);
+// [api_mixed]
+
 }  // namespace fsdp

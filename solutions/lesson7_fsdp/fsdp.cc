@@ -2,6 +2,7 @@
 #include "lesson7_fsdp/fsdp.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
@@ -350,5 +351,104 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
   return h;
 }
 // [sharded_stack]
+
+// [mixed_precision]
+void check_mixed_precision(const MixedPrecision& mp) {
+  const at::ScalarType p = mp.param_dtype, r = mp.reduce_dtype;
+  TORCH_CHECK(p == at::kFloat || p == at::kBFloat16 || p == at::kHalf,
+              "MixedPrecision: param_dtype must be float32, bfloat16 or float16, got ", p);
+  TORCH_CHECK(r == at::kFloat || r == p, "MixedPrecision: reduce_dtype must be float32 or the param_dtype (", p,
+              "), got ", r);
+}
+
+at::Tensor gather_full_as(dist::Comm& comm, const FlatParam& flat, at::ScalarType dtype) {
+  TORCH_CHECK(flat.rank == comm.rank() && flat.world_size == comm.world_size(),
+              "gather_full_as: the FlatParam was made for rank ", flat.rank, " of ", flat.world_size,
+              ", but this is rank ", comm.rank(), " of ", comm.world_size());
+  at::Tensor full = at::empty({flat.padded_numel}, at::TensorOptions().dtype(dtype));
+  // Cast the shard BEFORE the gather: the ring then carries the 16-bit bytes, half of float32's.
+  all_gather_into(comm, flat.shard.detach().to(dtype), full);
+  return full;
+}
+
+namespace {
+
+// Step 3's layer with three casts: gather in param_dtype, compute in it, reduce-scatter in reduce_dtype.
+struct MixedLayer : public torch::autograd::Function<MixedLayer> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& shard,
+                            dist::Comm* comm, FlatParam* flat, const LayerFn* fn, MixedPrecision mp) {
+    ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm);
+    ctx->saved_data["flat"] = reinterpret_cast<int64_t>(flat);
+    ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
+    ctx->saved_data["param_dtype"] = static_cast<int64_t>(mp.param_dtype);
+    ctx->saved_data["reduce_dtype"] = static_cast<int64_t>(mp.reduce_dtype);
+    ctx->save_for_backward({x});
+    const at::Tensor full = gather_full_as(*comm, *flat, mp.param_dtype);
+    return (*fn)(x.to(mp.param_dtype), unflatten(*flat, full));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto* comm = reinterpret_cast<dist::Comm*>(ctx->saved_data["comm"].toInt());
+    auto* flat = reinterpret_cast<FlatParam*>(ctx->saved_data["flat"].toInt());
+    const auto* fn = reinterpret_cast<const LayerFn*>(ctx->saved_data["fn"].toInt());
+    const auto param_dtype = static_cast<at::ScalarType>(ctx->saved_data["param_dtype"].toInt());
+    const auto reduce_dtype = static_cast<at::ScalarType>(ctx->saved_data["reduce_dtype"].toInt());
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const bool needs_x = ctx->needs_input_grad(0);
+    const at::Tensor full = gather_full_as(*comm, *flat, param_dtype).requires_grad_(true);
+    const at::Tensor x_in = x.detach().to(param_dtype).requires_grad_(needs_x);
+    torch::autograd::variable_list grads;
+    {
+      at::AutoGradMode enable(true);
+      const at::Tensor y = (*fn)(x_in, unflatten(*flat, full));
+      torch::autograd::variable_list inputs{full};
+      if (needs_x) inputs.push_back(x_in);
+      grads = torch::autograd::grad({y}, inputs, {grad_outputs[0].to(y.scalar_type())});
+    }
+    // The reduction in reduce_dtype (divided by N before it, as step 3), then float32 for the optimizer.
+    const at::Tensor flat_grad = grads[0].to(reduce_dtype) / static_cast<double>(comm->world_size());
+    at::Tensor reduced = at::empty({flat->padded_numel / flat->world_size}, at::TensorOptions().dtype(reduce_dtype));
+    reduce_scatter_into(*comm, flat_grad, reduced);
+    const at::Tensor shard_grad = reduced.to(at::kFloat);
+    return {needs_x ? grads[1].to(x.scalar_type()) : at::Tensor(),
+            shard_grad,
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x,
+                                 const MixedPrecision& mp) {
+  check_mixed_precision(mp);
+  TORCH_CHECK(flat.shard.defined() && flat.shard.is_leaf() && flat.shard.requires_grad(),
+              "sharded_forward_mixed: flat.shard must be a leaf that requires grad (flatten_and_shard makes it one)");
+  return MixedLayer::apply(x, flat.shard, &comm, &flat, &fn, mp);
+}
+// [mixed_precision]
+
+// [sharded_unscale]
+bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& flats, double scale) {
+  TORCH_CHECK(std::isfinite(scale) && scale > 0, "sharded_unscale_and_check: scale must be finite and > 0, got ",
+              scale);
+  at::Tensor found_inf = at::zeros({1}, at::kFloat);
+  {
+    at::NoGradGuard no_grad;
+    for (const FlatParam& flat : flats) {
+      const at::Tensor grad = flat.shard.grad();
+      if (!grad.defined()) continue;
+      grad.mul_(1.0 / scale);  // only this rank's slice of the gradient: it cannot see the others'
+      if (!at::isfinite(grad).all().item<bool>()) found_inf.fill_(1.0f);
+    }
+  }
+  // The agreement: 1 on every rank if any rank saw an inf or NaN, so every rank skips (or steps) together.
+  comm.all_reduce(found_inf, dist::ReduceOp::kMax);
+  return found_inf.item<float>() > 0;
+}
+// [sharded_unscale]
 
 }  // namespace fsdp

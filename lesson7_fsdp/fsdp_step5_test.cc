@@ -1,0 +1,262 @@
+// Checks for lesson 7, step 5: mixed precision (16-bit gathers beside float32 shards) and the gradient scaler
+// across shards. Run: bazel test //lesson7_fsdp:fsdp_step5_test
+#include "lesson7_fsdp/fsdp_test_problem.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "lesson5_distributed/comm.h"
+#include "lesson7_fsdp/fsdp.h"
+
+using namespace fsdp_checks;  // NOLINT: the shared problem (fsdp_test_problem.h)
+
+namespace {
+
+const fsdp::MixedPrecision kFloat32{torch::kFloat, torch::kFloat};
+const fsdp::MixedPrecision kBf16{torch::kBFloat16, torch::kFloat};
+
+struct Trained {
+  std::vector<torch::Tensor> params;  // every parameter gathered back (in the oracle's order)
+  std::vector<torch::Tensor> shards;  // this rank's master shards
+};
+
+// `steps` sharded SGD steps on this rank: with `mp` through sharded_forward_mixed, else step 3's sharded_forward.
+Trained sharded_training(dist::Comm& comm, const Problem& p, int steps, const fsdp::MixedPrecision* mp) {
+  const int r = comm.rank(), n = comm.world_size();
+  std::vector<fsdp::FlatParam> flats;
+  for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+  std::vector<torch::Tensor> shards;
+  for (auto& flat : flats) shards.push_back(flat.shard);
+  auto optimizer = make_optimizer(shards, Opt::kSgd);
+  for (int s = 0; s < steps; ++s) {
+    optimizer->zero_grad();
+    torch::Tensor h = rows(p.x, r, n);
+    for (size_t l = 0; l < flats.size(); ++l) {
+      h = mp ? fsdp::sharded_forward_mixed(comm, flats[l], kLayers[l], h, *mp)
+             : fsdp::sharded_forward(comm, flats[l], kLayers[l], h);
+    }
+    torch::mse_loss(h.to(torch::kFloat), rows(p.y, r, n)).backward();
+    for (const auto& flat : flats) {
+      REQUIRE(flat.shard.grad().defined());
+      CHECK((flat.shard.grad().scalar_type() == torch::kFloat));  // the optimizer sees float32 gradients only
+    }
+    optimizer->step();
+  }
+  Trained out;
+  out.params = gathered_params(comm, flats);
+  for (const auto& flat : flats) out.shards.push_back(flat.shard.detach().clone());
+  return out;
+}
+
+// The sends this rank made, in bytes, in order (the rings' sends: one entry per send).
+std::vector<int64_t> send_sizes(const std::vector<std::string>& log) {
+  std::vector<int64_t> out;
+  for (const auto& entry : log) {
+    if (entry.rfind("send ", 0) == 0) out.push_back(std::stoll(entry.substr(5)));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("[step5] a gather in a 16-bit dtype sends exactly half the bytes of float32 and gives the cast shards") {
+  const Problem p = make_problem();
+  for (const int n : {2, 3}) {
+    std::vector<dist::CommStats> f32(static_cast<size_t>(n)), bf16(static_cast<size_t>(n)), f16(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      const int r = comm.rank();
+      const fsdp::FlatParam flat = fsdp::flatten_and_shard(p.layers[1], r, n);
+      comm.reset_stats();
+      const torch::Tensor full32 = fsdp::gather_full(comm, flat);
+      f32[static_cast<size_t>(r)] = comm.stats();
+      comm.reset_stats();
+      const torch::Tensor full_bf16 = fsdp::gather_full_as(comm, flat, torch::kBFloat16);
+      bf16[static_cast<size_t>(r)] = comm.stats();
+      comm.reset_stats();
+      const torch::Tensor full_f16 = fsdp::gather_full_as(comm, flat, torch::kHalf);
+      f16[static_cast<size_t>(r)] = comm.stats();
+      CHECK((full_bf16.scalar_type() == torch::kBFloat16));
+      CHECK((full_f16.scalar_type() == torch::kHalf));
+      CHECK(full_bf16.numel() == flat.padded_numel);
+      CHECK(torch::equal(full_bf16, full32.to(torch::kBFloat16)));  // every rank's shard, rounded once
+      CHECK(torch::equal(full_f16, full32.to(torch::kHalf)));
+      CHECK((flat.shard.scalar_type() == torch::kFloat));  // the master stays float32
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(n);
+      CAPTURE(r);
+      const int64_t s = shard_of(kLayerNumel[1], n);
+      CHECK(f32[static_cast<size_t>(r)].send_bytes == (n - 1) * s * 4);
+      CHECK(bf16[static_cast<size_t>(r)].send_bytes == (n - 1) * s * 2);  // half the bytes
+      CHECK(f16[static_cast<size_t>(r)].send_bytes == (n - 1) * s * 2);
+      CHECK(2 * bf16[static_cast<size_t>(r)].send_bytes == f32[static_cast<size_t>(r)].send_bytes);
+    }
+  }
+}
+
+TEST_CASE("[step5] per layer: 16-bit gathers, and a reduce-scatter in the reduce dtype (float32 or bfloat16)") {
+  const Problem p = make_problem();
+  const int n = 2;
+  const int64_t s = shard_of(kLayerNumel[1], n);
+  for (const torch::ScalarType reduce : {torch::kFloat, torch::kBFloat16}) {
+    std::vector<std::vector<int64_t>> forward(static_cast<size_t>(n)), backward(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      const int r = comm.rank();
+      fsdp::FlatParam flat = fsdp::flatten_and_shard(p.layers[1], r, n);
+      const torch::Tensor x = torch::randn({4, 15}).requires_grad_(true);
+      const fsdp::LayerFn& fn = kLayers[1];  // must outlive the backward (a temporary from `hidden` would not)
+      comm.reset_stats();
+      const torch::Tensor y = fsdp::sharded_forward_mixed(comm, flat, fn, x, {torch::kBFloat16, reduce});
+      forward[static_cast<size_t>(r)] = send_sizes(comm.log());
+      CHECK((y.scalar_type() == torch::kBFloat16));  // the layer computed in the param dtype
+      comm.reset_stats();
+      y.to(torch::kFloat).sum().backward();
+      backward[static_cast<size_t>(r)] = send_sizes(comm.log());
+      CHECK((flat.shard.scalar_type() == torch::kFloat));
+      REQUIRE(flat.shard.grad().defined());
+      CHECK((flat.shard.grad().scalar_type() == torch::kFloat));
+      CHECK(flat.shard.grad().numel() == s);
+      REQUIRE(x.grad().defined());
+      CHECK((x.grad().scalar_type() == torch::kFloat));  // in x's dtype
+    });
+    const int64_t reduce_bytes = reduce == torch::kFloat ? 4 : 2;
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CAPTURE(reduce_bytes);
+      CHECK(forward[static_cast<size_t>(r)] == std::vector<int64_t>{2 * s});                     // the gather
+      CHECK(backward[static_cast<size_t>(r)] == std::vector<int64_t>{2 * s, reduce_bytes * s});  // gather, reduce
+    }
+  }
+}
+
+TEST_CASE("[step5] float32 'mixed precision' is step 3; bfloat16 gathers track float32 training, master float32") {
+  const Problem p = make_problem();
+  const std::vector<torch::Tensor> reference = full_batch(p, Opt::kSgd, 3);
+  for (const int n : {2, 3}) {
+    std::vector<Trained> step3(static_cast<size_t>(n)), f32(static_cast<size_t>(n)), bf16(static_cast<size_t>(n)),
+        bf16_all(static_cast<size_t>(n));
+    const fsdp::MixedPrecision bf16_reduce{torch::kBFloat16, torch::kBFloat16};
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      const auto r = static_cast<size_t>(comm.rank());
+      step3[r] = sharded_training(comm, p, 3, nullptr);
+      f32[r] = sharded_training(comm, p, 3, &kFloat32);
+      bf16[r] = sharded_training(comm, p, 3, &kBf16);
+      bf16_all[r] = sharded_training(comm, p, 3, &bf16_reduce);
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(n);
+      CAPTURE(r);
+      const auto i = static_cast<size_t>(r);
+      for (size_t k = 0; k < step3[i].params.size(); ++k) CHECK(torch::equal(f32[i].params[k], step3[i].params[k]));
+      const double rel_f32 = rel_error(f32[i].params, reference);
+      const double rel_bf16 = rel_error(bf16[i].params, reference);
+      const double rel_bf16_all = rel_error(bf16_all[i].params, reference);
+      CAPTURE(rel_f32);
+      CAPTURE(rel_bf16);
+      CAPTURE(rel_bf16_all);
+      CHECK(rel_f32 <= 1e-6);
+      // bfloat16 keeps 8 significant bits (a rounding is within 2^-9 relative); the master never rounds, only
+      // the 3 updates of lr 0.1 are computed from rounded values: the page's bound is 2^-8 of max |p|.
+      CHECK(rel_bf16 > 1e-6);  // the layers really computed in bfloat16
+      CHECK(rel_bf16 <= std::ldexp(1.0, -8));
+      CHECK(rel_bf16_all <= std::ldexp(1.0, -8));
+      for (const auto& shard : bf16[i].shards) {
+        CHECK((shard.scalar_type() == torch::kFloat));
+        // A float32 master holds values that bfloat16 cannot: it was never rounded to the param dtype.
+        CHECK_FALSE(torch::equal(shard, shard.to(torch::kBFloat16).to(torch::kFloat)));
+      }
+    }
+  }
+}
+
+TEST_CASE("[step5] an overflow on ONE rank's gradient shard makes EVERY rank skip and back off the scale") {
+  const Problem p = make_problem();
+  for (const int n : {2, 3}) {
+    for (const int bad : {0, n - 1}) {
+      std::vector<std::vector<torch::Tensor>> before(static_cast<size_t>(n)), after(static_cast<size_t>(n));
+      std::vector<double> scale(static_cast<size_t>(n));
+      std::vector<int> found(static_cast<size_t>(n)), all_reduces(static_cast<size_t>(n));
+      dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+        const int r = comm.rank();
+        std::vector<fsdp::FlatParam> flats;
+        for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+        std::vector<torch::Tensor> shards;
+        for (auto& flat : flats) shards.push_back(flat.shard);
+        torch::optim::SGD optimizer(shards, torch::optim::SGDOptions(0.1));
+        double s = 1024.0;
+        for (auto& flat : flats) flat.shard.mutable_grad() = torch::full_like(flat.shard, s).detach();
+        if (r == bad) flats[1].shard.grad()[0] = std::numeric_limits<float>::infinity();  // this rank only
+        for (const auto& t : shards) before[static_cast<size_t>(r)].push_back(t.detach().clone());
+        comm.reset_stats();
+        const bool inf = fsdp::sharded_unscale_and_check(comm, flats, s);
+        all_reduces[static_cast<size_t>(r)] = static_cast<int>(comm.stats().all_reduce_calls);
+        if (inf) {
+          s *= 0.5;  // skip the step, back the scale off (GradScaler's backoff_factor)
+        } else {
+          optimizer.step();
+        }
+        found[static_cast<size_t>(r)] = inf ? 1 : 0;
+        scale[static_cast<size_t>(r)] = s;
+        for (const auto& t : shards) after[static_cast<size_t>(r)].push_back(t.detach().clone());
+      });
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(n);
+        CAPTURE(bad);
+        CAPTURE(r);
+        const auto i = static_cast<size_t>(r);
+        CHECK(found[i] == 1);        // every rank saw it: the flag was agreed
+        CHECK(all_reduces[i] == 1);  // in one all-reduce
+        CHECK(scale[i] == 512.0);    // the same scale on every rank
+        for (size_t k = 0; k < after[i].size(); ++k) CHECK(torch::equal(after[i][k], before[i][k]));  // skipped
+      }
+    }
+  }
+}
+
+TEST_CASE("[step5] a clean step: every shard's gradient unscaled exactly once, no rank skips") {
+  const Problem p = make_problem();
+  const int n = 2;
+  std::vector<int> found(static_cast<size_t>(n));
+  dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+    std::vector<fsdp::FlatParam> flats;
+    for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), n));
+    std::vector<torch::Tensor> expected;
+    for (auto& flat : flats) {
+      const torch::Tensor g = torch::randn_like(flat.shard).detach();
+      expected.push_back(g.clone());
+      flat.shard.mutable_grad() = g * 256.0;  // a power of two: unscaling is exact
+    }
+    found[static_cast<size_t>(comm.rank())] = fsdp::sharded_unscale_and_check(comm, flats, 256.0) ? 1 : 0;
+    for (size_t l = 0; l < flats.size(); ++l) CHECK(torch::equal(flats[l].shard.grad(), expected[l]));
+  });
+  for (int r = 0; r < n; ++r) CHECK(found[static_cast<size_t>(r)] == 0);
+}
+
+TEST_CASE("[step5] a param dtype that is not float32, bfloat16 or float16, or a wrong reduce dtype, is refused") {
+  const Problem p = make_problem();
+  const int n = 2;
+  const auto run = [&](fsdp::MixedPrecision mp) {
+    return [&p, mp](dist::Comm& comm) {
+      fsdp::FlatParam flat = fsdp::flatten_and_shard(p.layers[0], comm.rank(), n);
+      fsdp::sharded_forward_mixed(comm, flat, kLayers[0], rows(p.x, comm.rank(), n), mp);
+    };
+  };
+  check_fails_on_every_rank(n, run({torch::kDouble, torch::kFloat}),
+                            "param_dtype must be float32, bfloat16 or float16");
+  check_fails_on_every_rank(n, run({torch::kInt, torch::kFloat}), "param_dtype must be float32, bfloat16 or float16");
+  check_fails_on_every_rank(n, run({torch::kBFloat16, torch::kHalf}),
+                            "reduce_dtype must be float32 or the param_dtype");
+  check_fails_on_every_rank(n, run({torch::kBFloat16, torch::kDouble}),
+                            "reduce_dtype must be float32 or the param_dtype");
+  check_fails_on_every_rank(
+      n,
+      [&](dist::Comm& comm) {
+        std::vector<fsdp::FlatParam> flats{fsdp::flatten_and_shard(p.layers[0], comm.rank(), n)};
+        fsdp::sharded_unscale_and_check(comm, flats, 0.0);
+      },
+      "scale must be finite and > 0");
+}
