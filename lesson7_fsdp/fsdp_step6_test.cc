@@ -118,9 +118,9 @@ TEST_CASE("[step6] a resharded load holds exactly the saved elements, new paddin
     for (size_t l = 0; l < ckpt.flats.size(); ++l) {  // state that tells every element apart: 1000 x l + position
       const fsdp::FlatParam& flat = ckpt.flats[l];
       const int64_t size = flat.padded_numel / 4;
-      at::Tensor pos = torch::arange(comm.rank() * size, (comm.rank() + 1) * size, torch::kFloat);
-      pos.masked_fill_(pos >= flat.numel, 0);
-      ckpt.optim_state[l] = {pos + 1000 * static_cast<double>(l), -pos};  // old padding: 1000 x l, then 0
+      // Non-zero in the old padding too: a load must drop it, not carry it into the new shards.
+      const at::Tensor pos = torch::arange(comm.rank() * size, (comm.rank() + 1) * size, torch::kFloat) + 1;
+      ckpt.optim_state[l] = {pos + 1000 * static_cast<double>(l), -pos};
     }
     ckpt.step = 7;
     fsdp::save_sharded(comm, dir, ckpt);
@@ -149,13 +149,11 @@ TEST_CASE("[step6] a resharded load holds exactly the saved elements, new paddin
         CHECK(flat.shard.requires_grad());
         CHECK(torch::equal(flat.shard.detach(), expected.shard.detach()));  // bit for bit: copies, no arithmetic
         const int64_t size = flat.padded_numel / n;
-        at::Tensor pos = torch::arange(r * size, (r + 1) * size, torch::kFloat);
-        pos.masked_fill_(pos >= flat.numel, 0);
+        const at::Tensor padding = torch::arange(r * size, (r + 1) * size) >= flat.numel;
+        const at::Tensor pos = torch::arange(r * size, (r + 1) * size, torch::kFloat) + 1;
         REQUIRE(ckpt.optim_state[l].size() == 2);
-        at::Tensor first = pos + 1000 * static_cast<double>(l);
-        first.masked_fill_(torch::arange(r * size, (r + 1) * size) >= flat.numel, 0);  // new padding: zeros
-        CHECK(torch::equal(ckpt.optim_state[l][0], first));
-        CHECK(torch::equal(ckpt.optim_state[l][1], -pos));
+        CHECK(torch::equal(ckpt.optim_state[l][0], (pos + 1000 * static_cast<double>(l)).masked_fill(padding, 0)));
+        CHECK(torch::equal(ckpt.optim_state[l][1], (-pos).masked_fill(padding, 0)));  // new padding: zeros
       }
     });
   }
