@@ -3,6 +3,7 @@
 #include "lesson7_fsdp/fsdp.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
@@ -15,6 +16,7 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/serialize.h>
 
 namespace fsdp {
 
@@ -187,5 +189,41 @@ bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& f
   TORCH_CHECK(false, "TODO(lesson7, step 5): sharded_unscale_and_check() is not implemented yet");
 }
 // [sharded_unscale]
+
+// [checkpoint_save]
+void save_sharded(dist::Comm& comm, const std::string& dir, const ShardedCheckpoint& ckpt) {
+  // TODO(lesson7, step 6): check, before writing anything, that every FlatParam was made for comm's rank and world
+  // size ("was made for rank"), that there is one state list per FlatParam ("one state list per FlatParam"),
+  // that every layer has as many state tensors as layer 0 ("state tensors, but") and that each is S elements
+  // long ("elements, but"). Then build one list of tensors: a header (an int64 tensor: a format number of your
+  // choice, N, rank, layers, ckpt.step, state tensors per layer), then per layer its shapes (an int64 tensor,
+  // e.g. {count, ndim, dims..., ndim, dims...}), its numel, its shard (detached) and its state tensors. Create
+  // `dir` (std::filesystem::create_directories) and torch::save the list to `dir`/rank_R.pt (R: the rank).
+  TORCH_CHECK(false, "TODO(lesson7, step 6): save_sharded() is not implemented yet");
+}
+// [checkpoint_save]
+
+// [checkpoint_load]
+ShardedCheckpoint load_sharded(dist::Comm& comm, const std::string& dir,
+                               const std::vector<std::vector<std::vector<int64_t>>>& shapes) {
+  // TODO(lesson7, step 6): on every rank, in the same order (so that every rank fails alike, with no traffic):
+  // rank_0.pt must exist ("missing rank file") and be yours ("is not a sharded checkpoint"); its shapes must equal
+  // `shapes` ("was saved for another model"); every rank_Q.pt of the old N must exist ("missing rank file").
+  // Then per layer: the FlatParam of comm's rank and N' (shapes, offsets, numel, padded_numel), and its shard
+  // of S' = padded_numel(numel, N') / N' zeros, into which you copy the unpadded range [r * S', min((r + 1) * S',
+  // numel)) from the old shards that overlap it (old rank q holds [q * S, (q + 1) * S)); the state tensors the
+  // same way. Read an old file only when it is needed, and check its header ("is not rank"). The shard must
+  // end a leaf that requires grad.
+  TORCH_CHECK(false, "TODO(lesson7, step 6): load_sharded() is not implemented yet");
+}
+// [checkpoint_load]
+
+// [full_state]
+std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam>& flats) {
+  // TODO(lesson7, step 6): gather_full every layer on EVERY rank (all take part in each ring); rank 0 keeps a
+  // copy of each view unflatten gives, in order; the other ranks return an empty list.
+  TORCH_CHECK(false, "TODO(lesson7, step 6): full_state() is not implemented yet");
+}
+// [full_state]
 
 }  // namespace fsdp

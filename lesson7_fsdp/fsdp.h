@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -169,5 +170,43 @@ at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerF
 /// all-reduce). Throws "scale must be finite and > 0" on the rank that sees it, before any traffic.
 bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& flats, double scale);
 // [api_mixed]
+
+// [api_checkpoint]
+/// Step 6: one rank's part of a sharded checkpoint (FSDP's SHARDED_STATE_DICT): its FlatParams, the optimizer's
+/// state of each shard and the optimizer's step count.
+struct ShardedCheckpoint {
+  std::vector<FlatParam> flats;  ///< this rank's shards, one FlatParam per layer
+  /// Per FlatParam, the optimizer's state of its shard: float32 tensors of the shard's S elements each, in an
+  /// order the caller fixes (Adam: exp_avg, exp_avg_sq); every FlatParam has the same number of them.
+  std::vector<std::vector<at::Tensor>> optim_state;
+  int64_t step = 0;  ///< the optimizer's step count
+};
+
+/// Step 6: sharded save. Each rank writes ONE file, `dir`/rank_R.pt, R the rank (torch::save of a list of tensors): a
+/// header (format, world size N, rank, layers, step, state tensors per layer), then per layer its parameters'
+/// shapes (the model's fingerprint), its unpadded numel, its shard and its state shards. No traffic: N ranks
+/// write N files at once. Creates `dir` if needed. Throws "was made for rank" when a FlatParam belongs to
+/// another rank or world size than `comm`, "one state list per FlatParam" and "elements, but" (a state tensor
+/// that is not S elements long, or a layer with another number of state tensors: "state tensors, but").
+void save_sharded(dist::Comm& comm, const std::string& dir, const ShardedCheckpoint& ckpt);
+
+/// Step 6: resharding load into comm's world size N', which may differ from the N that saved. Each rank reads
+/// rank 0's header, checks the model's fingerprint against `shapes` (per layer, its parameters' shapes), then
+/// for each layer builds its new shard: elements [r * S', (r + 1) * S') of the new padded buffer, S' =
+/// padded_numel(numel, N') / N', copied from the unpadded part of every old rank's shard that overlaps it (the
+/// old padding is dropped, the new one is zeros); the state shards the same way. No traffic: every rank checks
+/// the same files, so a bad checkpoint fails on EVERY rank, by name, at once. Throws "missing rank file" when a
+/// file of the N old ranks is absent, "was saved for another model" when the shapes differ, "is not a sharded
+/// checkpoint" for a file of another format, "is not rank" for a file whose header disagrees with its name and
+/// "elements, but" for a shard of another length than the old N makes.
+/// The shards it returns are leaves that require grad, as flatten_and_shard makes them.
+ShardedCheckpoint load_sharded(dist::Comm& comm, const std::string& dir,
+                               const std::vector<std::vector<std::vector<int64_t>>>& shapes);
+
+/// Step 6: the full state on rank 0 (FSDP's FULL_STATE_DICT with rank0_only): every layer gathered
+/// (gather_full, so every rank takes part), unflattened and copied; rank 0 returns every parameter in order,
+/// the other ranks an empty list. Throws "was made for rank" like gather_full.
+std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam>& flats);
+// [api_checkpoint]
 
 }  // namespace fsdp

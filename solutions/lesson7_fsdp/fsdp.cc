@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
@@ -12,9 +13,11 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/serialize.h>
 
 namespace fsdp {
 
@@ -450,5 +453,174 @@ bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& f
   return found_inf.item<float>() > 0;
 }
 // [sharded_unscale]
+
+// [checkpoint_save]
+namespace {
+
+constexpr int64_t kCheckpointFormat = 7006;  // the first element of every rank file's header
+
+std::string rank_file(const std::string& dir, int rank) { return dir + "/rank_" + std::to_string(rank) + ".pt"; }
+
+// A layer's parameter shapes as one int64 tensor: {count, ndim, dims..., ndim, dims...}.
+at::Tensor encode_shapes(const std::vector<std::vector<int64_t>>& shapes) {
+  std::vector<int64_t> out{static_cast<int64_t>(shapes.size())};
+  for (const auto& shape : shapes) {
+    out.push_back(static_cast<int64_t>(shape.size()));
+    out.insert(out.end(), shape.begin(), shape.end());
+  }
+  return at::tensor(out, at::kLong);
+}
+
+std::vector<std::vector<int64_t>> decode_shapes(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  const int64_t size = c.numel();
+  std::vector<std::vector<int64_t>> out;
+  int64_t i = 1;
+  for (int64_t k = 0; k < (size > 0 ? p[0] : 0) && i < size; ++k) {
+    const int64_t ndim = p[i++];
+    out.emplace_back(p + i, p + std::min(size, i + ndim));
+    i += ndim;
+  }
+  return out;
+}
+
+std::string shapes_text(const std::vector<std::vector<std::vector<int64_t>>>& layers) {
+  std::string out;
+  for (const auto& layer : layers) {
+    out += "[";
+    for (const auto& shape : layer) out += c10::str(c10::IntArrayRef(shape));
+    out += "]";
+  }
+  return out;
+}
+
+}  // namespace
+
+void save_sharded(dist::Comm& comm, const std::string& dir, const ShardedCheckpoint& ckpt) {
+  const int r = comm.rank(), n = comm.world_size();
+  TORCH_CHECK(ckpt.optim_state.size() == ckpt.flats.size(),
+              "save_sharded: one state list per FlatParam: ", ckpt.flats.size(), " FlatParams, ",
+              ckpt.optim_state.size(), " state lists");
+  const size_t k = ckpt.flats.empty() ? 0 : ckpt.optim_state[0].size();
+  std::vector<at::Tensor> out{
+      at::tensor(std::vector<int64_t>{kCheckpointFormat, n, r, static_cast<int64_t>(ckpt.flats.size()), ckpt.step,
+                                      static_cast<int64_t>(k)},
+                 at::kLong)};
+  for (size_t l = 0; l < ckpt.flats.size(); ++l) {
+    const FlatParam& flat = ckpt.flats[l];
+    TORCH_CHECK(flat.rank == r && flat.world_size == n, "save_sharded: FlatParam ", l, " was made for rank ", flat.rank,
+                " of ", flat.world_size, ", not rank ", r, " of ", n);
+    const int64_t size = flat.padded_numel / n;
+    TORCH_CHECK(ckpt.optim_state[l].size() == k, "save_sharded: layer ", l, " has ", ckpt.optim_state[l].size(),
+                " state tensors, but layer 0 has ", k);
+    out.push_back(encode_shapes(flat.shapes));
+    out.push_back(at::tensor(std::vector<int64_t>{flat.numel}, at::kLong));
+    out.push_back(flat.shard.detach().contiguous());
+    for (const at::Tensor& state : ckpt.optim_state[l]) {
+      TORCH_CHECK(state.defined() && state.numel() == size, "save_sharded: a state tensor of layer ", l, " has ",
+                  state.defined() ? state.numel() : 0, " elements, but the shard has ", size);
+      out.push_back(state.detach().to(at::kFloat).contiguous().view({size}));
+    }
+  }
+  std::filesystem::create_directories(dir);
+  torch::save(out, rank_file(dir, r));
+}
+// [checkpoint_save]
+
+// [checkpoint_load]
+namespace {
+
+// One old rank's file, read and checked against the header of rank 0's.
+std::vector<at::Tensor> read_rank_file(const std::string& dir, int rank, int64_t old_n) {
+  const std::string path = rank_file(dir, rank);
+  TORCH_CHECK(std::filesystem::exists(path), "load_sharded: missing rank file ", path, " (the checkpoint in ", dir,
+              " was saved by ", old_n < 0 ? std::string("? ") : std::to_string(old_n) + " ", "ranks)");
+  std::vector<at::Tensor> in;
+  torch::load(in, path);
+  TORCH_CHECK(!in.empty() && in[0].scalar_type() == at::kLong && in[0].numel() == 6 &&
+                  in[0][0].item<int64_t>() == kCheckpointFormat,
+              "load_sharded: ", path, " is not a sharded checkpoint of this lesson");
+  TORCH_CHECK(in[0][2].item<int64_t>() == rank && (old_n < 0 || in[0][1].item<int64_t>() == old_n),
+              "load_sharded: ", path, " is not rank ", rank, " of ", old_n, " (its header says rank ",
+              in[0][2].item<int64_t>(), " of ", in[0][1].item<int64_t>(), ")");
+  const int64_t layers = in[0][3].item<int64_t>(), k = in[0][5].item<int64_t>();
+  TORCH_CHECK(static_cast<int64_t>(in.size()) == 1 + layers * (3 + k), "load_sharded: ", path,
+              " is not a sharded checkpoint of this lesson (", in.size(), " tensors)");
+  return in;
+}
+
+}  // namespace
+
+ShardedCheckpoint load_sharded(dist::Comm& comm, const std::string& dir,
+                               const std::vector<std::vector<std::vector<int64_t>>>& shapes) {
+  const int r = comm.rank(), n = comm.world_size();
+  // Every rank reads rank 0's header and checks the same things in the same order: all fail, or none.
+  const std::vector<at::Tensor> head = read_rank_file(dir, 0, -1);
+  const int64_t old_n = head[0][1].item<int64_t>(), layers = head[0][3].item<int64_t>();
+  const int64_t k = head[0][5].item<int64_t>();
+  std::vector<std::vector<std::vector<int64_t>>> saved;
+  for (int64_t l = 0; l < layers; ++l) saved.push_back(decode_shapes(head[1 + l * (3 + k)]));
+  TORCH_CHECK(saved == shapes, "load_sharded: the checkpoint in ", dir, " was saved for another model: its shapes ",
+              shapes_text(saved), ", this model's ", shapes_text(shapes));
+  for (int q = 0; q < old_n; ++q) {
+    TORCH_CHECK(std::filesystem::exists(rank_file(dir, q)), "load_sharded: missing rank file ", rank_file(dir, q),
+                " (the checkpoint in ", dir, " was saved by ", old_n, " ranks)");
+  }
+  std::vector<std::vector<at::Tensor>> files(static_cast<size_t>(old_n));  // read when first needed
+  ShardedCheckpoint ckpt;
+  ckpt.step = head[0][4].item<int64_t>();
+  for (int64_t l = 0; l < layers; ++l) {
+    FlatParam flat;
+    flat.shapes = saved[static_cast<size_t>(l)];
+    flat.numel = 0;
+    for (const auto& shape : flat.shapes) {
+      flat.offsets.push_back(flat.numel);
+      flat.numel += c10::multiply_integers(shape);
+    }
+    flat.padded_numel = padded_numel(flat.numel, n);
+    flat.rank = r;
+    flat.world_size = n;
+    const int64_t size = flat.padded_numel / n;                                          // S', the new shard
+    const int64_t old_size = padded_numel(flat.numel, static_cast<int>(old_n)) / old_n;  // S, the old one
+    // The new shard's unpadded range [begin, end) of the flat buffer; everything past numel stays zero.
+    const int64_t begin = std::min<int64_t>(r * size, flat.numel);
+    const int64_t end = std::min<int64_t>((r + 1) * size, flat.numel);
+    std::vector<at::Tensor> pieces(static_cast<size_t>(1 + k));
+    for (auto& piece : pieces) piece = at::zeros({size}, at::kFloat);
+    for (int64_t q = begin / std::max<int64_t>(old_size, 1); q < old_n && q * old_size < end; ++q) {
+      std::vector<at::Tensor>& file = files[static_cast<size_t>(q)];
+      if (file.empty()) file = read_rank_file(dir, static_cast<int>(q), old_n);
+      TORCH_CHECK(decode_shapes(file[1 + l * (3 + k)]) == flat.shapes, "load_sharded: rank file ", q,
+                  " was saved for another model than rank file 0");
+      const int64_t from = std::max(begin, q * old_size), to = std::min(end, (q + 1) * old_size);
+      for (int64_t i = 0; i <= k; ++i) {
+        const at::Tensor& old = file[static_cast<size_t>(1 + l * (3 + k) + 2 + i)];
+        TORCH_CHECK(old.numel() == old_size, "load_sharded: layer ", l, " of rank file ", q, " has ", old.numel(),
+                    " elements, but ", old_n, " ranks need ", old_size);
+        pieces[static_cast<size_t>(i)]
+            .narrow(0, from - r * size, to - from)
+            .copy_(old.narrow(0, from - q * old_size, to - from));
+      }
+    }
+    flat.shard = pieces[0].requires_grad_(true);
+    ckpt.flats.push_back(std::move(flat));
+    ckpt.optim_state.emplace_back(pieces.begin() + 1, pieces.end());
+  }
+  return ckpt;
+}
+// [checkpoint_load]
+
+// [full_state]
+std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam>& flats) {
+  std::vector<at::Tensor> out;
+  for (const FlatParam& flat : flats) {
+    const at::Tensor full = gather_full(comm, flat);  // every rank takes part in every gather
+    if (comm.rank() != 0) continue;
+    for (const at::Tensor& view : unflatten(flat, full)) out.push_back(view.clone());
+  }
+  return out;
+}
+// [full_state]
 
 }  // namespace fsdp

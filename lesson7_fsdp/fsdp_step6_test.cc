@@ -1,0 +1,202 @@
+// Checks for lesson 7, step 6: sharded checkpoints that outlive the world size.
+// Run: bazel test //lesson7_fsdp:fsdp_step6_test
+#include "lesson7_fsdp/fsdp_test_problem.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "lesson5_distributed/comm.h"
+#include "lesson7_fsdp/fsdp.h"
+
+using namespace fsdp_checks;  // NOLINT: the shared problem (fsdp_test_problem.h)
+
+namespace {
+
+// A fresh, empty folder under the test's TEST_TMPDIR (Bazel sets it; /tmp outside Bazel).
+std::string fresh_dir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path dir = std::filesystem::path(tmp != nullptr ? tmp : "/tmp") / ("l7_ckpt_" + name);
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+// The model's fingerprint: per layer, its parameters' shapes.
+std::vector<std::vector<std::vector<int64_t>>> shapes_of(const std::vector<std::vector<torch::Tensor>>& layers) {
+  std::vector<std::vector<std::vector<int64_t>>> out;
+  for (const auto& layer : layers) {
+    out.emplace_back();
+    for (const auto& t : layer) out.back().push_back(t.sizes().vec());
+  }
+  return out;
+}
+
+// Adam's state of one shard: {exp_avg, exp_avg_sq} and its step count (the C++ Adam keys it by the tensor).
+std::string key_of(const torch::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
+
+// `steps` sharded Adam steps from `ckpt` (its state restored into a new Adam); returns the checkpoint after them.
+fsdp::ShardedCheckpoint train(dist::Comm& comm, const Problem& p, fsdp::ShardedCheckpoint ckpt, int steps) {
+  const int r = comm.rank(), n = comm.world_size();
+  std::vector<torch::Tensor> shards;
+  for (auto& flat : ckpt.flats) shards.push_back(flat.shard);
+  torch::optim::Adam adam(shards, torch::optim::AdamOptions(0.01));
+  for (size_t l = 0; l < shards.size() && ckpt.step > 0; ++l) {
+    auto state = std::make_unique<torch::optim::AdamParamState>();
+    state->step(ckpt.step);
+    state->exp_avg(ckpt.optim_state[l].at(0).clone());
+    state->exp_avg_sq(ckpt.optim_state[l].at(1).clone());
+    adam.state()[key_of(shards[l])] = std::move(state);
+  }
+  for (int s = 0; s < steps; ++s) {
+    adam.zero_grad();
+    torch::Tensor h = rows(p.x, r, n);
+    for (size_t l = 0; l < ckpt.flats.size(); ++l) h = fsdp::sharded_forward(comm, ckpt.flats[l], kLayers[l], h);
+    torch::mse_loss(h, rows(p.y, r, n)).backward();
+    adam.step();
+  }
+  ckpt.optim_state.clear();
+  for (const auto& shard : shards) {
+    const auto& state = static_cast<const torch::optim::AdamParamState&>(*adam.state().at(key_of(shard)));
+    ckpt.optim_state.push_back({state.exp_avg(), state.exp_avg_sq()});
+    ckpt.step = state.step();
+  }
+  return ckpt;
+}
+
+fsdp::ShardedCheckpoint fresh(const Problem& p, int r, int n) {
+  fsdp::ShardedCheckpoint ckpt;
+  for (const auto& layer : p.layers) ckpt.flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+  ckpt.optim_state.resize(ckpt.flats.size());  // no optimizer state yet
+  return ckpt;
+}
+
+// K Adam steps on `a` ranks, save, load on `b` ranks, K more steps: every rank's gathered parameters.
+std::vector<std::vector<torch::Tensor>> save_then_resume(const Problem& p, int a, int b, int k,
+                                                         const std::string& dir) {
+  dist::run_ranks(launch(a), [&](dist::Comm& comm) {
+    fsdp::save_sharded(comm, dir, train(comm, p, fresh(p, comm.rank(), a), k));
+  });
+  std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(b));
+  dist::run_ranks(launch(b), [&](dist::Comm& comm) {
+    fsdp::ShardedCheckpoint ckpt = fsdp::load_sharded(comm, dir, shapes_of(p.layers));
+    ckpt = train(comm, p, std::move(ckpt), k);
+    got[static_cast<size_t>(comm.rank())] = gathered_params(comm, ckpt.flats);
+  });
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("[step6] train K steps on N = a, save, load on N = b, K more steps: an uninterrupted run's parameters") {
+  const Problem p = make_problem();
+  const std::vector<torch::Tensor> reference = full_batch(p, Opt::kAdam, 4);
+  REQUIRE(rel_error(full_batch(p, Opt::kAdam, 2), reference) > 1e-3);  // the second half moves them too
+  for (const auto& [a, b] : std::vector<std::pair<int, int>>{{4, 2}, {2, 3}, {3, 3}}) {
+    const auto got = save_then_resume(p, a, b, 2, fresh_dir("resume_" + std::to_string(a) + std::to_string(b)));
+    for (int r = 0; r < b; ++r) {
+      CAPTURE(a);
+      CAPTURE(b);
+      CAPTURE(r);
+      const double rel = rel_error(got[static_cast<size_t>(r)], reference);
+      CAPTURE(rel);
+      CHECK(rel <= 1e-6);  // step 3's tolerance: Adam is elementwise, only the gradient sums change order
+    }
+  }
+}
+
+TEST_CASE("[step6] a resharded load holds exactly the saved elements, new padding zero, one file per rank") {
+  const Problem p = make_problem();
+  const std::string dir = fresh_dir("exact");
+  std::vector<std::vector<torch::Tensor>> saved(4);
+  dist::run_ranks(launch(4), [&](dist::Comm& comm) {
+    fsdp::ShardedCheckpoint ckpt = fresh(p, comm.rank(), 4);
+    for (size_t l = 0; l < ckpt.flats.size(); ++l) {  // state that tells every element apart: 1000 x l + position
+      const fsdp::FlatParam& flat = ckpt.flats[l];
+      const int64_t size = flat.padded_numel / 4;
+      // Non-zero in the old padding too: a load must drop it, not carry it into the new shards.
+      const at::Tensor pos = torch::arange(comm.rank() * size, (comm.rank() + 1) * size, torch::kFloat) + 1;
+      ckpt.optim_state[l] = {pos + 1000 * static_cast<double>(l), -pos};
+    }
+    ckpt.step = 7;
+    fsdp::save_sharded(comm, dir, ckpt);
+  });
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) files += entry.is_regular_file() ? 1 : 0;
+  CHECK(files == 4);
+  for (const int n : {2, 3}) {
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      const int r = comm.rank();
+      const fsdp::ShardedCheckpoint ckpt = fsdp::load_sharded(comm, dir, shapes_of(p.layers));
+      CHECK(ckpt.step == 7);
+      REQUIRE(ckpt.flats.size() == 3);
+      for (size_t l = 0; l < 3; ++l) {
+        CAPTURE(n);
+        CAPTURE(l);
+        const fsdp::FlatParam expected = fsdp::flatten_and_shard(p.layers[l], r, n);
+        const fsdp::FlatParam& flat = ckpt.flats[l];
+        CHECK(flat.rank == r);
+        CHECK(flat.world_size == n);
+        CHECK(flat.numel == expected.numel);
+        CHECK(flat.padded_numel == expected.padded_numel);
+        CHECK(flat.offsets == expected.offsets);
+        CHECK(flat.shapes == expected.shapes);
+        CHECK(flat.shard.is_leaf());
+        CHECK(flat.shard.requires_grad());
+        CHECK(torch::equal(flat.shard.detach(), expected.shard.detach()));  // bit for bit: copies, no arithmetic
+        const int64_t size = flat.padded_numel / n;
+        const at::Tensor padding = torch::arange(r * size, (r + 1) * size) >= flat.numel;
+        const at::Tensor pos = torch::arange(r * size, (r + 1) * size, torch::kFloat) + 1;
+        REQUIRE(ckpt.optim_state[l].size() == 2);
+        CHECK(torch::equal(ckpt.optim_state[l][0], (pos + 1000 * static_cast<double>(l)).masked_fill(padding, 0)));
+        CHECK(torch::equal(ckpt.optim_state[l][1], (-pos).masked_fill(padding, 0)));  // new padding: zeros
+      }
+    });
+  }
+}
+
+TEST_CASE("[step6] the full state on rank 0 equals the unsharded parameters; the other ranks get none") {
+  const Problem p = make_problem();
+  for (const int n : {2, 3}) {
+    std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      got[static_cast<size_t>(comm.rank())] = fsdp::full_state(comm, fresh(p, comm.rank(), n).flats);
+    });
+    CAPTURE(n);
+    std::vector<torch::Tensor> expected;
+    for (const auto& layer : p.layers) expected.insert(expected.end(), layer.begin(), layer.end());
+    REQUIRE(got[0].size() == expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) CHECK(torch::equal(got[0][i], expected[i]));
+    for (int r = 1; r < n; ++r) CHECK(got[static_cast<size_t>(r)].empty());
+  }
+}
+
+TEST_CASE("[step6] a checkpoint of another model is refused by name on every rank") {
+  const Problem p = make_problem();
+  const std::string dir = fresh_dir("other_model");
+  dist::run_ranks(launch(2), [&](dist::Comm& comm) { fsdp::save_sharded(comm, dir, fresh(p, comm.rank(), 2)); });
+  auto shapes = shapes_of(p.layers);
+  shapes[1][0] = {13, 16};  // one weight of another shape: the same layer count, a different model
+  check_fails_on_every_rank(
+      3, [&](dist::Comm& comm) { fsdp::load_sharded(comm, dir, shapes); }, "was saved for another model");
+  shapes = shapes_of(p.layers);
+  shapes.pop_back();  // one layer fewer
+  check_fails_on_every_rank(
+      2, [&](dist::Comm& comm) { fsdp::load_sharded(comm, dir, shapes); }, "was saved for another model");
+}
+
+TEST_CASE("[step6] a missing rank file is refused by name on every rank, not a hang") {
+  const Problem p = make_problem();
+  const std::string dir = fresh_dir("missing");
+  dist::run_ranks(launch(3), [&](dist::Comm& comm) { fsdp::save_sharded(comm, dir, fresh(p, comm.rank(), 3)); });
+  std::filesystem::remove(std::filesystem::path(dir) / "rank_2.pt");
+  check_fails_on_every_rank(
+      2, [&](dist::Comm& comm) { fsdp::load_sharded(comm, dir, shapes_of(p.layers)); }, "missing rank file");
+  check_fails_on_every_rank(
+      2, [&](dist::Comm& comm) { fsdp::load_sharded(comm, fresh_dir("empty"), shapes_of(p.layers)); },
+      "missing rank file");
+}
