@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -36,8 +38,18 @@ std::vector<std::vector<std::vector<int64_t>>> shapes_of(const std::vector<std::
   return out;
 }
 
-// Adam's state of one shard: {exp_avg, exp_avg_sq} and its step count (the C++ Adam keys it by the tensor).
-std::string key_of(const torch::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
+// The key of a shard's state in the C++ Adam's map: the TensorImpl's address as text in LibTorch 1.13 (what
+// c10::guts::to_string wrote), the address itself in 2.x. The map's key type says which.
+template <typename StateMap>
+typename StateMap::key_type key_of(const StateMap& /*state*/, const torch::Tensor& t) {
+  if constexpr (std::is_same_v<typename StateMap::key_type, std::string>) {
+    std::ostringstream text;
+    text << t.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return static_cast<typename StateMap::key_type>(t.unsafeGetTensorImpl());
+  }
+}
 
 // `steps` sharded Adam steps from `ckpt` (its state restored into a new Adam); returns the checkpoint after them.
 fsdp::ShardedCheckpoint train(dist::Comm& comm, const Problem& p, fsdp::ShardedCheckpoint ckpt, int steps) {
@@ -50,7 +62,7 @@ fsdp::ShardedCheckpoint train(dist::Comm& comm, const Problem& p, fsdp::ShardedC
     state->step(ckpt.step);
     state->exp_avg(ckpt.optim_state[l].at(0).clone());
     state->exp_avg_sq(ckpt.optim_state[l].at(1).clone());
-    adam.state()[key_of(shards[l])] = std::move(state);
+    adam.state()[key_of(adam.state(), shards[l])] = std::move(state);
   }
   for (int s = 0; s < steps; ++s) {
     adam.zero_grad();
@@ -61,7 +73,7 @@ fsdp::ShardedCheckpoint train(dist::Comm& comm, const Problem& p, fsdp::ShardedC
   }
   ckpt.optim_state.clear();
   for (const auto& shard : shards) {
-    const auto& state = static_cast<const torch::optim::AdamParamState&>(*adam.state().at(key_of(shard)));
+    const auto& state = static_cast<const torch::optim::AdamParamState&>(*adam.state().at(key_of(adam.state(), shard)));
     ckpt.optim_state.push_back({state.exp_avg(), state.exp_avg_sq()});
     ckpt.step = state.step();
   }
