@@ -1,5 +1,5 @@
 // Lesson 1, part B — your code. Replace each TODO with an implementation; the checks in
-// grad_scaler_test.cc tell you when it is right:  bazel test //lesson1_amp:all
+// grad_scaler_step*_test.cc tell you when it is right:  bazel test //lesson1_amp:all
 // Steps, hints and background: lesson1_amp/README.md. Already given (grad_scaler_given.cc):
 // unscale_grads_fused, update_scale_fused, use_fused(), get_scale(), get_growth_tracker(), save(), load(),
 // clip_grad_norm_().

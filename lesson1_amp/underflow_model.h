@@ -1,5 +1,5 @@
 // Given (not an exercise): the lesson's model whose float16 gradients underflow, shared by the checks
-// (grad_scaler_test.cc) and the demo (demo.cc) so that both show the same numbers.
+// (grad_scaler_step*_test.cc) and the demo (demo.cc) so that both show the same numbers.
 #pragma once
 
 #include <cstdint>

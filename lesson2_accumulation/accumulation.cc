@@ -1,4 +1,4 @@
-// Lesson 2 — your code. Replace each TODO with an implementation; the checks in accumulation_test.cc tell
+// Lesson 2 — your code. Replace each TODO with an implementation; the checks in accumulation_step*_test.cc tell
 // you when it is right:  bazel test //lesson2_accumulation:all
 // Steps, hints and background: lesson2_accumulation/README.md. Already given: MicroBatch::count().
 #include "lesson2_accumulation/accumulation.h"

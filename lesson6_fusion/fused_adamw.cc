@@ -1,4 +1,4 @@
-// Lesson 6 — your code. Replace each TODO with an implementation; the checks in fused_adamw_test.cc tell you
+// Lesson 6 — your code. Replace each TODO with an implementation; the checks in fused_adamw_step*_test.cc tell you
 // when it is right:  bazel test //lesson6_fusion:all
 // Steps, hints and background: lesson6_fusion/README.md.
 #include "lesson6_fusion/fused_adamw.h"

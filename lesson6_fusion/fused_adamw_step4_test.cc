@@ -1,0 +1,167 @@
+// Checks for lesson 6, step 4: the multi-tensor operator workshop::fused_adamw_multi_.
+// Run: bazel test //lesson6_fusion:all   (this step only: bazel test //lesson6_fusion:fused_adamw_step4_test)
+// The shared state, oracle and helpers are in fused_adamw_test_helpers.h.
+#include "lesson6_fusion/fused_adamw_test_helpers.h"
+
+namespace adamw_checks {
+
+TEST_CASE("[step4] the multi-tensor op gives every tensor exactly what the single-tensor op gives it") {
+  Lists multi = make_lists(12), single = make_lists(12);
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  for (int64_t step = 1; step <= 3; ++step) {
+    fusion::fused_adamw_multi_(multi.params, multi.grads, multi.exp_avgs, multi.exp_avg_sqs, hyper, step);
+    for (size_t i = 0; i < single.params.size(); ++i) {
+      fusion::fused_adamw_(single.params[i], single.grads[i], single.exp_avgs[i], single.exp_avg_sqs[i], hyper, step);
+    }
+  }
+  for (size_t i = 0; i < multi.params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(multi.params[i], single.params[i]));  // the same arithmetic: the same bits
+    CHECK(torch::equal(multi.exp_avgs[i], single.exp_avgs[i]));
+    CHECK(torch::equal(multi.exp_avg_sqs[i], single.exp_avg_sqs[i]));
+  }
+}
+
+TEST_CASE("[step4] the dispatcher finds workshop::fused_adamw_multi_, and empty tensors are accepted") {
+  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(fusion::kMultiOpName, "");
+  std::ostringstream schema;
+  schema << op.schema();
+  CAPTURE(schema.str());
+  CHECK(schema.str().find("workshop::fused_adamw_multi_(Tensor(a!)[] params, Tensor[] grads") == 0);
+  CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU));
+  const std::vector<torch::Tensor> none;
+  CHECK_NOTHROW(fusion::fused_adamw_multi_(none, none, none, none, fusion::AdamWHyper{}, 1));  // given.cc returns
+  const std::vector<torch::Tensor> empty = {torch::empty({0}), torch::empty({2, 0})};
+  CHECK_NOTHROW(fusion::fused_adamw_multi_(empty, empty, {torch::zeros({0}), torch::zeros({2, 0})},
+                                           {torch::zeros({0}), torch::zeros({2, 0})}, fusion::AdamWHyper{}, 1));
+}
+
+TEST_CASE("[step4] bad lists give their named errors, and nothing is written") {
+  Lists l = make_lists(13);
+  const fusion::AdamWHyper h;
+  SUBCASE("lengths") {
+    std::vector<torch::Tensor> short_grads(l.grads.begin(), l.grads.end() - 1);
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, short_grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("the lists must have one length"), c10::Error);
+  }
+  SUBCASE("one tuple's error, with its index") {
+    l.grads[3] = torch::randn({14}).to(torch::kBFloat16).slice(0, 0, 14, 2);  // 7 elements, strided
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("tensor 3"), c10::Error);
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("grad is not contiguous"), c10::Error);
+  }
+  SUBCASE("two tuples sharing memory") {
+    const torch::Tensor shared = torch::randn({100});
+    l.params[0] = shared.slice(0, 0, 60);
+    l.grads[0] = torch::randn({60});
+    l.exp_avgs[0] = torch::zeros({60});
+    l.exp_avg_sqs[0] = torch::zeros({60});
+    l.params[1] = shared.slice(0, 59, 60);  // the last element of params[0]
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("params[1] and params[0] overlap in memory"), c10::Error);
+    l.params[1] = torch::randn({1});
+    l.exp_avg_sqs[6] = l.exp_avgs[4].slice(0, 0, 5000);  // a moment inside another tuple's moment
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("overlap in memory"), c10::Error);
+  }
+  SUBCASE("tuples on two devices") {
+    // Tuple 2 (empty) on another device: each tuple is on one device, but the list is not. A meta tensor stands in
+    // for a GPU (the check is called directly: the dispatcher would look for a meta kernel).
+    const torch::Tensor meta = torch::empty({0}, torch::TensorOptions().device(c10::kMeta));
+    Lists mixed = l;
+    mixed.params[2] = meta;
+    mixed.grads[2] = meta.clone();
+    mixed.exp_avgs[2] = meta.clone();
+    mixed.exp_avg_sqs[2] = meta.clone();
+    CHECK_THROWS_WITH_AS(fusion::check_adamw_multi_args(mixed.params, mixed.grads, mixed.exp_avgs, mixed.exp_avg_sqs, h,
+                                                        1),
+                         Contains("all tensors must be on one device"), c10::Error);
+  }
+  for (const torch::Tensor& m : l.exp_avgs) CHECK(m.abs().sum().item<float>() == 0.0f);
+}
+
+TEST_CASE("[step4] on 4 ATen threads the whole list is one parallel region, with the one-thread bits") {
+  // Five tensors of three pieces each, and small ones: one region in all, not one per tensor.
+  const auto lists = [] {
+    Lists l = make_lists(14);
+    torch::manual_seed(15);
+    for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kFloat, torch::kHalf, torch::kFloat}) {
+      l.params.push_back(torch::randn({70000}).to(dtype));
+      l.grads.push_back(torch::randn({70000}).to(dtype));
+      l.exp_avgs.push_back(torch::zeros({70000}));
+      l.exp_avg_sqs.push_back(torch::zeros({70000}));
+    }
+    return l;
+  };
+  Lists one = lists(), four = lists();
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  {
+    const ThreadsFor threads(1);
+    fusion::fused_adamw_multi_(one.params, one.grads, one.exp_avgs, one.exp_avg_sqs, hyper, 1);
+  }
+  const ThreadsFor threads(4);
+  const int regions = parallel_regions(
+      [&] { fusion::fused_adamw_multi_(four.params, four.grads, four.exp_avgs, four.exp_avg_sqs, hyper, 1); });
+  for (size_t i = 0; i < one.params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(four.params[i], one.params[i]));
+    CHECK(torch::equal(four.exp_avgs[i], one.exp_avgs[i]));
+    CHECK(torch::equal(four.exp_avg_sqs[i], one.exp_avg_sqs[i]));
+  }
+  if (regions_are_counted()) {
+    CHECK(regions == 1);
+  } else {
+    MESSAGE("parallel regions are not counted here (no OpenMP in this LibTorch)");
+  }
+}
+
+TEST_CASE("[step4] nothing past a tensor's end is read or written: a list of every tail and dtype against walls") {
+  // Every tensor of the list ends at an inaccessible page (guarded_copy): pieces that span tensors must stop
+  // at each tensor's own end.
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  Lists walled, plain;
+  torch::manual_seed(14);
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int64_t n : tail_sizes()) {
+      plain.params.push_back(torch::randn({n}).to(dtype));
+      plain.grads.push_back(torch::randn({n}).to(dtype));
+      plain.exp_avgs.push_back(torch::rand({n}));
+      plain.exp_avg_sqs.push_back(torch::rand({n}));
+      walled.params.push_back(guarded_copy(plain.params.back()));
+      walled.grads.push_back(guarded_copy(plain.grads.back()));
+      walled.exp_avgs.push_back(guarded_copy(plain.exp_avgs.back()));
+      walled.exp_avg_sqs.push_back(guarded_copy(plain.exp_avg_sqs.back()));
+    }
+  }
+  fusion::fused_adamw_multi_(walled.params, walled.grads, walled.exp_avgs, walled.exp_avg_sqs, hyper, 2);
+  for (size_t i = 0; i < plain.params.size(); ++i) {
+    fusion::fused_adamw_(plain.params[i], plain.grads[i], plain.exp_avgs[i], plain.exp_avg_sqs[i], hyper, 2);
+  }
+  for (size_t i = 0; i < plain.params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(walled.params[i], plain.params[i]));
+    CHECK(torch::equal(walled.exp_avgs[i], plain.exp_avgs[i]));
+    CHECK(torch::equal(walled.exp_avg_sqs[i], plain.exp_avg_sqs[i]));
+  }
+}
+
+// Tagged step 4: both schemas are registered once steps 3 and 4 are done; step 5 gives the two arguments meaning.
+TEST_CASE("[step4] both AdamW operators take grad_scale and found_inf as ATen's do: optional, keyword-only, last") {
+  for (const char* name : {fusion::kOpName, fusion::kMultiOpName}) {
+    CAPTURE(name);
+    const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+    const auto& args = op.schema().arguments();
+    REQUIRE(args.size() == 12);
+    CHECK(args[9].name() == "step");
+    CHECK_FALSE(args[9].kwarg_only());
+    for (size_t i : {10, 11}) {
+      CAPTURE(i);
+      CHECK(args[i].name() == (i == 10 ? "grad_scale" : "found_inf"));
+      CHECK(args[i].kwarg_only());
+      CHECK(args[i].type()->str() == "Tensor?");
+    }
+  }
+}
+
+}  // namespace adamw_checks
