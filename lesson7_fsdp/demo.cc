@@ -9,6 +9,8 @@
 //
 //   bazel run //lesson7_fsdp:demo -- --quick        (reference solution)
 //   bazel run //lesson7_fsdp:my_demo -- --quick     (your fsdp.cc)
+//
+// With --what_fits it prints step 7's table instead (what_fits.h: arithmetic, nothing runs) and stops.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -23,6 +25,7 @@
 #include "common/report.h"
 #include "lesson5_distributed/comm.h"
 #include "lesson7_fsdp/fsdp.h"
+#include "lesson7_fsdp/what_fits.h"
 
 namespace {
 
@@ -170,17 +173,59 @@ StepFigures train(Mode mode, int layers, int64_t width, int64_t items, int steps
   return out;
 }
 
+// Step 7: what fits on 8 to 64 H200s, one table per model (what_fits.h; arithmetic only).
+void print_what_fits(const std::string& csv_dir) {
+  const fsdp::Cluster cluster;
+  const auto gb = [](double bytes) { return workshop::fixed(bytes / 1e9, 1); };
+  std::cout << "Step 7 — what fits: bytes per GPU and napkin communication per step (what_fits.h)\n"
+            << "Assumptions: " << cluster.gpu_bytes / 1000000000 << " GB per GPU (H200), " << cluster.gpus_per_node
+            << " GPUs per node, NVLink " << workshop::fixed(cluster.nvlink_gigabytes_per_s, 0)
+            << " GB/s per GPU and direction inside a node, " << workshop::fixed(cluster.network_gigabits_per_s, 0)
+            << " Gb/s per GPU between nodes; Adam in mixed precision, 2 + 2 + 12 bytes per parameter; "
+            << "GB = 1e9 bytes.\n";
+  for (const fsdp::TransformerShape& shape : fsdp::published_shapes()) {
+    const fsdp::ParamCount count = fsdp::count_parameters(shape);
+    std::cout << "\n"
+              << shape.name << ": " << count.total() << " parameters (" << count.layers << " blocks of "
+              << count.per_layer << ", " << count.other << " outside), sequence " << shape.sequence << ", micro-batch "
+              << shape.micro_batch << "; activations per GPU "
+              << gb(static_cast<double>(fsdp::activation_bytes(shape, false))) << " GB, checkpointed "
+              << gb(static_cast<double>(fsdp::activation_bytes(shape, true))) << " GB\n";
+    std::string file = shape.name;
+    for (char& c : file) c = (c == ' ' || c == '-' || c == '.') ? '_' : c;
+    workshop::Table table("lesson7_what_fits_" + file, {"GPUs", "strategy", "state GB", "total GB", "fits",
+                                                        "total GB ckpt", "fits ckpt", "sent GB/step", "comm s/step"});
+    for (int gpus : {8, 16, 32, 64}) {
+      for (fsdp::Strategy strategy : fsdp::all_strategies()) {
+        const fsdp::Fit plain = fsdp::what_fits(shape, strategy, gpus, false, cluster);
+        const fsdp::Fit ckpt = fsdp::what_fits(shape, strategy, gpus, true, cluster);
+        table.add({std::to_string(gpus), fsdp::strategy_name(strategy), gb(static_cast<double>(plain.state.total())),
+                   gb(static_cast<double>(plain.total)), plain.fits ? "yes" : "no", gb(static_cast<double>(ckpt.total)),
+                   ckpt.fits ? "yes" : "no", gb(static_cast<double>(plain.comm_bytes)),
+                   workshop::fixed(plain.comm_s, 3)});
+      }
+    }
+    const std::string path = table.emit(csv_dir);
+    if (!path.empty()) std::cout << "wrote " << path << "\n";
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   workshop::Flags flags(argc, argv,
                         {{"device", "cpu (default; the rings run on Gloo, CPU tensors)"},
                          {"quick", "small, fast settings for a CPU"},
-                         {"csv_dir", "write the table and the summary line as CSV into this folder"}});
+                         {"csv_dir", "write the table and the summary line as CSV into this folder"},
+                         {"what_fits", "print step 7's table (what fits on 8 to 64 H200s) and stop"}});
   const bool quick = flags.has("quick");
   const c10::Device device = workshop::parse_device(flags.get("device", "cpu"));
   if (!device.is_cpu()) std::cout << "(the rings run on Gloo: CPU tensors, whatever --device says)\n";
   const std::string csv_dir = flags.get("csv_dir", "");
+  if (flags.has("what_fits")) {
+    print_what_fits(csv_dir);
+    return 0;
+  }
   const int repeats = quick ? 5 : 20;
   const int64_t elements = quick ? (int64_t{1} << 16) : (int64_t{1} << 22);
   const double payload = 4.0 * static_cast<double>(elements);

@@ -1,0 +1,280 @@
+// Checks for lesson 7, step 7: what fits (the napkin arithmetic of what_fits.h). Every number here is worked by
+// hand on the page (lesson7_fsdp/README.md, "Step 7 — What fits"), or taken from the source it names.
+// Run: bazel test //lesson7_fsdp:fsdp_step7_test
+#include "tests/torch_doctest.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lesson7_fsdp/what_fits.h"
+
+using doctest::Contains;
+
+namespace {
+
+// The page's round model: 7e9 parameters in 28 blocks of 250e6, nothing outside them.
+fsdp::ParamCount round_7b() {
+  fsdp::ParamCount count;
+  count.layers = 28;
+  count.per_layer = 250000000;
+  count.other = 0;
+  return count;
+}
+
+fsdp::TransformerShape shape_named(const std::string& name) {
+  for (const auto& shape : fsdp::published_shapes()) {
+    if (shape.name == name) {
+      return shape;
+    }
+  }
+  FAIL("no published shape named " << name);
+  return {};
+}
+
+// Two toy shapes small enough to count on paper (the page does).
+fsdp::TransformerShape toy_gpt() { return {"toy GPT", fsdp::Family::kGpt, 2, 4, 2, 2, 16, 10, 3, 1}; }
+fsdp::TransformerShape toy_llama() { return {"toy Llama", fsdp::Family::kLlama, 2, 8, 4, 2, 12, 10, 3, 1}; }
+
+int64_t kept(const fsdp::StateBytes& b) { return b.params + b.grads + b.optimizer; }
+
+}  // namespace
+
+TEST_CASE("[step7] parameters counted from the shape: the toy shapes by hand, the published ones as published") {
+  // Toy GPT (h 4, ffn 16, V 10, s 3): attention 2*16 + 2*4*4 = 64, MLP 2*4*16 = 128, biases (4+8+4) + (16+4) = 36,
+  // two LayerNorms 16: 244 per block; outside: 40 + 12 + 8 = 60.
+  CHECK(fsdp::layer_parameters(toy_gpt()) == 244);
+  fsdp::ParamCount gpt = fsdp::count_parameters(toy_gpt());
+  CHECK(gpt.layers == 2);
+  CHECK(gpt.per_layer == 244);
+  CHECK(gpt.other == 60);
+  CHECK(gpt.total() == 548);
+  // Toy Llama (h 8, 4 heads, 2 kv heads: kv width 4, ffn 12): 2*64 + 2*8*4 = 192, 3*8*12 = 288, norms 16: 496;
+  // outside: 80 + 8 + 80 = 168.
+  CHECK(fsdp::layer_parameters(toy_llama()) == 496);
+  fsdp::ParamCount llama = fsdp::count_parameters(toy_llama());
+  CHECK(llama.per_layer == 496);
+  CHECK(llama.other == 168);
+  CHECK(llama.total() == 1160);
+  // The published totals (Hugging Face's parameter counts of the Llama 2 checkpoints; GPT-3's "1.3B").
+  CHECK(fsdp::count_parameters(shape_named("GPT-3 1.3B")).total() == 1315723264);
+  CHECK(fsdp::count_parameters(shape_named("Llama-2 7B")).total() == 6738415616);
+  CHECK(fsdp::count_parameters(shape_named("Llama-2 13B")).total() == 13015864320);
+  fsdp::ParamCount l70 = fsdp::count_parameters(shape_named("Llama-2 70B"));
+  CHECK(l70.per_layer == 855654400);
+  CHECK(l70.other == 524296192);
+  CHECK(l70.total() == 68976648192);
+}
+
+TEST_CASE("[step7] the ZeRO paper's figure 1: 7.5B parameters on 64 GPUs, K = 12") {
+  // Rajbhandari et al. 2020, figure 1: 120 GB, 31.4 GB, 16.6 GB and 1.9 GB per GPU.
+  fsdp::ParamCount count;
+  count.layers = 1;
+  count.per_layer = 7500000000;
+  CHECK(kept(fsdp::model_state_bytes(count, fsdp::Strategy::kDdp, 64)) == 120000000000);
+  CHECK(kept(fsdp::model_state_bytes(count, fsdp::Strategy::kZero1, 64)) == 31406250000);
+  CHECK(kept(fsdp::model_state_bytes(count, fsdp::Strategy::kZero2, 64)) == 16640625000);
+  CHECK(kept(fsdp::model_state_bytes(count, fsdp::Strategy::kFullShard, 64)) == 1875000000);
+}
+
+TEST_CASE("[step7] bytes per GPU of every strategy for the round 7B model on 8 GPUs, piece by piece") {
+  const fsdp::ParamCount m = round_7b();
+  CHECK(fsdp::sharded_elements(m, 8) == 875000000);
+  fsdp::StateBytes ddp = fsdp::model_state_bytes(m, fsdp::Strategy::kDdp, 8);
+  CHECK(ddp.params == 14000000000);
+  CHECK(ddp.grads == 14000000000);
+  CHECK(ddp.optimizer == 84000000000);
+  CHECK(ddp.working == 0);
+  CHECK(ddp.total() == 112000000000);
+  fsdp::StateBytes z1 = fsdp::model_state_bytes(m, fsdp::Strategy::kZero1, 8);
+  CHECK(z1.params == 14000000000);
+  CHECK(z1.grads == 14000000000);
+  CHECK(z1.optimizer == 10500000000);
+  CHECK(z1.working == 0);
+  CHECK(z1.total() == 38500000000);
+  fsdp::StateBytes z2 = fsdp::model_state_bytes(m, fsdp::Strategy::kZero2, 8);
+  CHECK(z2.params == 14000000000);
+  CHECK(z2.grads == 1750000000);
+  CHECK(z2.optimizer == 10500000000);
+  CHECK(z2.working == 500000000);  // one block's full bfloat16 gradient
+  CHECK(z2.total() == 26750000000);
+  fsdp::StateBytes full = fsdp::model_state_bytes(m, fsdp::Strategy::kFullShard, 8);
+  CHECK(full.params == 1750000000);
+  CHECK(full.grads == 1750000000);
+  CHECK(full.optimizer == 10500000000);
+  CHECK(full.working == 1500000000);  // two gathered blocks and one full gradient, 2 bytes each
+  CHECK(full.total() == 15500000000);
+}
+
+TEST_CASE("[step7] around the node boundary and beyond: N = 1, 9 (padding per unit) and 64") {
+  const fsdp::ParamCount m = round_7b();
+  // N = 1: every strategy keeps all 16 bytes of every parameter, and nothing is gathered.
+  CHECK(fsdp::sharded_elements(m, 1) == 7000000000);
+  for (fsdp::Strategy s : fsdp::all_strategies()) {
+    CAPTURE(fsdp::strategy_name(s));
+    fsdp::StateBytes one = fsdp::model_state_bytes(m, s, 1);
+    CHECK(one.total() == 112000000000);
+    CHECK(one.working == 0);
+  }
+  // N = 9: 250e6 / 9 rounds up to 27,777,778 per block: 28 x 27,777,778 = 777,777,784 elements, not 777,777,778.
+  CHECK(fsdp::sharded_elements(m, 9) == 777777784);
+  CHECK(fsdp::model_state_bytes(m, fsdp::Strategy::kDdp, 9).total() == 112000000000);
+  CHECK(fsdp::model_state_bytes(m, fsdp::Strategy::kZero1, 9).total() == 37333333408);
+  CHECK(fsdp::model_state_bytes(m, fsdp::Strategy::kZero2, 9).total() == 25388888976);
+  CHECK(fsdp::model_state_bytes(m, fsdp::Strategy::kFullShard, 9).total() == 13944444544);
+  // N = 64.
+  CHECK(fsdp::sharded_elements(m, 64) == 109375000);
+  CHECK(fsdp::model_state_bytes(m, fsdp::Strategy::kZero1, 64).total() == 29312500000);
+  CHECK(fsdp::model_state_bytes(m, fsdp::Strategy::kZero2, 64).total() == 16031250000);
+  CHECK(fsdp::model_state_bytes(m, fsdp::Strategy::kFullShard, 64).total() == 3250000000);
+  // The unit outside the blocks is padded on its own, and the working set counts the larger unit.
+  fsdp::ParamCount mixed;
+  mixed.layers = 2;
+  mixed.per_layer = 10;
+  mixed.other = 13;
+  CHECK(fsdp::sharded_elements(mixed, 4) == 2 * 3 + 4);
+  fsdp::StateBytes full = fsdp::model_state_bytes(mixed, fsdp::Strategy::kFullShard, 4);
+  CHECK(full.params == 2 * 10);
+  CHECK(full.working == 6 * 13);
+  CHECK(fsdp::model_state_bytes(mixed, fsdp::Strategy::kZero2, 4).working == 2 * 13);
+}
+
+TEST_CASE("[step7] activations with and without checkpointing (Korthikanti et al.'s 34 sbh + 5 a s^2 b)") {
+  // Toy GPT: s 3, b 1, h 4, a 2: sbh = 12, a block 34 * 12 + 5 * 2 * 9 = 498; two blocks 996; checkpointed,
+  // two inputs of 2 * 12 and one block recomputed: 48 + 498 = 546.
+  CHECK(fsdp::activation_bytes(toy_gpt(), false) == 996);
+  CHECK(fsdp::activation_bytes(toy_gpt(), true) == 546);
+  fsdp::TransformerShape two = toy_gpt();
+  two.micro_batch = 2;  // everything doubles: a block 34 * 24 + 5 * 2 * 9 * 2 = 996
+  CHECK(fsdp::activation_bytes(two, false) == 1992);
+  CHECK(fsdp::activation_bytes(two, true) == 96 + 996);
+  // Llama-2 7B, one sequence of 4096: a block 34 * 4096^3 + 5 * 32 * 4096^2 = 3,254,779,904 bytes.
+  const fsdp::TransformerShape l7 = shape_named("Llama-2 7B");
+  CHECK(fsdp::activation_bytes(l7, false) == 104152956928);
+  CHECK(fsdp::activation_bytes(l7, true) == 4328521728);
+}
+
+TEST_CASE("[step7] bytes on the wire per step: 2 rings for DDP, ZeRO-1 and ZeRO-2, 3 for full sharding") {
+  const fsdp::ParamCount m = round_7b();
+  for (fsdp::Strategy s : fsdp::all_strategies()) {
+    CAPTURE(fsdp::strategy_name(s));
+    CHECK(fsdp::comm_bytes_per_step(m, s, 1) == 0);
+  }
+  // N = 8: one ring is 7 x 875e6 x 2 bytes = 12.25e9.
+  CHECK(fsdp::comm_bytes_per_step(m, fsdp::Strategy::kDdp, 8) == 24500000000);
+  CHECK(fsdp::comm_bytes_per_step(m, fsdp::Strategy::kZero1, 8) == 24500000000);
+  CHECK(fsdp::comm_bytes_per_step(m, fsdp::Strategy::kZero2, 8) == 24500000000);
+  CHECK(fsdp::comm_bytes_per_step(m, fsdp::Strategy::kFullShard, 8) == 36750000000);
+  // N = 9: padded chunks, 8 x 777,777,784 x 2 per ring.
+  CHECK(fsdp::comm_bytes_per_step(m, fsdp::Strategy::kDdp, 9) == 24888889088);
+  CHECK(fsdp::comm_bytes_per_step(m, fsdp::Strategy::kFullShard, 9) == 37333333632);
+  // N = 64: 63 x 109,375,000 x 2 per ring.
+  CHECK(fsdp::comm_bytes_per_step(m, fsdp::Strategy::kZero2, 64) == 27562500000);
+  CHECK(fsdp::comm_bytes_per_step(m, fsdp::Strategy::kFullShard, 64) == 41343750000);
+}
+
+TEST_CASE("[step7] napkin seconds: NVLink inside a node of 8, 400 Gb/s = 50e9 bytes/s beyond it") {
+  const fsdp::Cluster h200;
+  CHECK(fsdp::comm_seconds(0, 8, h200) == 0.0);
+  CHECK(fsdp::comm_seconds(24500000000, 8, h200) == doctest::Approx(24.5 / 450).epsilon(1e-12));
+  CHECK(fsdp::comm_seconds(36750000000, 8, h200) == doctest::Approx(36.75 / 450).epsilon(1e-12));
+  CHECK(fsdp::comm_seconds(36750000000, 1, h200) == doctest::Approx(36.75 / 450).epsilon(1e-12));
+  CHECK(fsdp::comm_seconds(24888889088, 9, h200) == doctest::Approx(0.49777778176).epsilon(1e-12));
+  CHECK(fsdp::comm_seconds(41343750000, 64, h200) == doctest::Approx(0.826875).epsilon(1e-12));
+  fsdp::Cluster nodes_of_4;
+  nodes_of_4.gpus_per_node = 4;
+  CHECK(fsdp::comm_seconds(50000000000, 4, nodes_of_4) == doctest::Approx(50.0 / 450).epsilon(1e-12));
+  CHECK(fsdp::comm_seconds(50000000000, 5, nodes_of_4) == doctest::Approx(1.0).epsilon(1e-12));
+}
+
+TEST_CASE("[step7] the verdict: Llama-2 7B on 8 H200s, and the budget at and just below the total") {
+  const fsdp::TransformerShape l7 = shape_named("Llama-2 7B");
+  const fsdp::Cluster h200;
+  CHECK(h200.gpu_bytes == 141000000000);
+  // Full sharding: 16 x 842,301,952 + 6 x 262,148,096 (the embedding-and-head unit is the largest) = 15,049,719,808.
+  fsdp::Fit full = fsdp::what_fits(l7, fsdp::Strategy::kFullShard, 8, true, h200);
+  CHECK(full.state.total() == 15049719808);
+  CHECK(full.activations == 4328521728);
+  CHECK(full.total == 19378241536);
+  CHECK(full.fits);
+  CHECK(full.comm_bytes == 3 * 7 * int64_t{842301952} * 2);
+  CHECK(full.comm_s == doctest::Approx(3 * 7 * 842301952.0 * 2 / 450e9).epsilon(1e-12));
+  CHECK(fsdp::what_fits(l7, fsdp::Strategy::kFullShard, 8, false, h200).total == 119202676736);
+  CHECK(fsdp::what_fits(l7, fsdp::Strategy::kFullShard, 8, false, h200).fits);
+  // DDP: 16 x 6,738,415,616 = 107,814,649,856 of state; with every activation it does not fit, checkpointed it does.
+  fsdp::Fit ddp = fsdp::what_fits(l7, fsdp::Strategy::kDdp, 8, false, h200);
+  CHECK(ddp.total == 211967606784);
+  CHECK_FALSE(ddp.fits);
+  fsdp::Fit ddp_ckpt = fsdp::what_fits(l7, fsdp::Strategy::kDdp, 8, true, h200);
+  CHECK(ddp_ckpt.total == 112143171584);
+  CHECK(ddp_ckpt.fits);
+  // At the budget it fits; one byte less and it does not.
+  fsdp::Cluster tight;
+  tight.gpu_bytes = full.total;
+  CHECK(fsdp::what_fits(l7, fsdp::Strategy::kFullShard, 8, true, tight).fits);
+  tight.gpu_bytes = full.total - 1;
+  CHECK_FALSE(fsdp::what_fits(l7, fsdp::Strategy::kFullShard, 8, true, tight).fits);
+  // Llama-2 70B does not fit on 8 even fully sharded, and does on 64 when checkpointed.
+  const fsdp::TransformerShape l70 = shape_named("Llama-2 70B");
+  CHECK_FALSE(fsdp::what_fits(l70, fsdp::Strategy::kFullShard, 8, true, h200).fits);
+  CHECK(fsdp::what_fits(l70, fsdp::Strategy::kFullShard, 64, true, h200).fits);
+  CHECK_FALSE(fsdp::what_fits(l70, fsdp::Strategy::kFullShard, 64, false, h200).fits);
+}
+
+TEST_CASE("[step7] bad input is refused by name") {
+  const fsdp::ParamCount m = round_7b();
+  const fsdp::Cluster h200;
+  CHECK_THROWS_WITH(fsdp::sharded_elements(m, 0), Contains("gpus must be > 0"));
+  CHECK_THROWS_WITH(fsdp::sharded_elements(m, -8), Contains("gpus must be > 0"));
+  CHECK_THROWS_WITH(fsdp::model_state_bytes(m, fsdp::Strategy::kFullShard, 0), Contains("gpus must be > 0"));
+  CHECK_THROWS_WITH(fsdp::comm_bytes_per_step(m, fsdp::Strategy::kDdp, 0), Contains("gpus must be > 0"));
+  CHECK_THROWS_WITH(fsdp::comm_seconds(1, 0, h200), Contains("gpus must be > 0"));
+  fsdp::ParamCount negative = m;
+  negative.per_layer = -1;
+  CHECK_THROWS_WITH(fsdp::sharded_elements(negative, 8), Contains("parameter counts must be >= 0"));
+  negative = m;
+  negative.other = -1;
+  CHECK_THROWS_WITH(fsdp::model_state_bytes(negative, fsdp::Strategy::kDdp, 8),
+                    Contains("parameter counts must be >= 0"));
+  const auto unknown = static_cast<fsdp::Strategy>(7);
+  CHECK_THROWS_WITH(fsdp::model_state_bytes(m, unknown, 8), Contains("unknown strategy"));
+  CHECK_THROWS_WITH(fsdp::comm_bytes_per_step(m, unknown, 8), Contains("unknown strategy"));
+  CHECK_THROWS_WITH(fsdp::comm_seconds(-1, 8, h200), Contains("bytes must be >= 0"));
+  fsdp::Cluster no_link;
+  no_link.network_gigabits_per_s = 0;
+  CHECK_THROWS_WITH(fsdp::comm_seconds(1, 16, no_link), Contains("bandwidth must be > 0"));
+  no_link = h200;
+  no_link.nvlink_gigabytes_per_s = -1;
+  CHECK_THROWS_WITH(fsdp::comm_seconds(1, 16, no_link), Contains("bandwidth must be > 0"));
+  fsdp::Cluster no_memory;
+  no_memory.gpu_bytes = 0;
+  CHECK_THROWS_WITH(fsdp::what_fits(toy_gpt(), fsdp::Strategy::kDdp, 8, true, no_memory),
+                    Contains("gpu_bytes must be > 0"));
+  // Each size of the shape, by name.
+  const std::vector<std::pair<std::string, int64_t fsdp::TransformerShape::*>> sizes = {
+      {"layers", &fsdp::TransformerShape::layers},     {"hidden", &fsdp::TransformerShape::hidden},
+      {"heads", &fsdp::TransformerShape::heads},       {"kv_heads", &fsdp::TransformerShape::kv_heads},
+      {"ffn", &fsdp::TransformerShape::ffn},           {"vocab", &fsdp::TransformerShape::vocab},
+      {"sequence", &fsdp::TransformerShape::sequence}, {"micro_batch", &fsdp::TransformerShape::micro_batch}};
+  for (const auto& size : sizes) {
+    const std::string name = size.first;
+    const auto field = size.second;
+    CAPTURE(name);
+    for (int64_t bad : {int64_t{0}, int64_t{-4}}) {
+      fsdp::TransformerShape s = toy_llama();
+      s.*field = bad;
+      CHECK_THROWS_WITH(fsdp::layer_parameters(s), Contains((name + " must be > 0").c_str()));
+      CHECK_THROWS_WITH(fsdp::count_parameters(s), Contains((name + " must be > 0").c_str()));
+      CHECK_THROWS_WITH(fsdp::activation_bytes(s, true), Contains((name + " must be > 0").c_str()));
+      CHECK_THROWS_WITH(fsdp::what_fits(s, fsdp::Strategy::kDdp, 8, true, h200),
+                        Contains((name + " must be > 0").c_str()));
+    }
+  }
+  fsdp::TransformerShape s = toy_llama();
+  s.heads = 3;
+  CHECK_THROWS_WITH(fsdp::layer_parameters(s), Contains("heads must divide hidden"));
+  s = toy_llama();
+  s.kv_heads = 3;
+  CHECK_THROWS_WITH(fsdp::layer_parameters(s), Contains("kv_heads must divide heads"));
+}
