@@ -102,7 +102,8 @@ at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn,
   // L::apply(x, flat.shard, &comm, &flat, &fn)). Its forward saves x, gathers the full buffer, returns
   // fn(x, unflatten(...)) and lets the buffer go. Its backward gathers again, recomputes fn with autograd on
   // (at::AutoGradMode) from a leaf copy of the buffer, takes torch::autograd::grad of it (and of x where
-  // ctx->needs_input_grad(0)), divides the buffer's gradient by N, reduce-scatters it into a new shard-sized
+  // ctx->needs_input_grad(0); with allow_unused, and zeros for the buffer's gradient where fn did not use the
+  // parameters on this rank), divides the buffer's gradient by N, reduce-scatters it into a new shard-sized
   // tensor and returns {grad of x, that shard gradient, and an undefined tensor for each of the other inputs}.
   TORCH_CHECK(false, "TODO(lesson7, step 3): sharded_forward() is not implemented yet");
 }
@@ -111,7 +112,12 @@ at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn,
 // What ShardedStack's forward and its layers' backward share (given: the fields your step 4 code uses).
 struct ShardedStack::State {
   State(dist::Comm& comm_, std::vector<FlatParam>& flats_, std::vector<LayerFn> fns_, bool prefetch_)
-      : comm(comm_), flats(flats_), fns(std::move(fns_)), prefetch(prefetch_), pending(flats_.size()) {}
+      : comm(comm_),
+        flats(flats_),
+        fns(std::move(fns_)),
+        prefetch(prefetch_),
+        pending(flats_.size()),
+        awaiting_backward(flats_.size()) {}
   dist::Comm& comm;
   std::vector<FlatParam>& flats;
   std::vector<LayerFn> fns;
@@ -119,6 +125,9 @@ struct ShardedStack::State {
   std::vector<std::unique_ptr<PendingGather>> pending;              ///< per layer: its gather in flight, if any
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> gathered;  ///< buffers gathered, held weakly
   int max_alive = 0;
+  /// Per layer: the autograd node of its last forward while that forward's backward has not run (held weakly:
+  /// expired once the graph is gone, as after a backward or when the output is dropped).
+  std::vector<std::weak_ptr<torch::autograd::Node>> awaiting_backward;
 };
 
 ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
@@ -150,6 +159,13 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
   // start layer + 1's gather before computing. In its backward: the same with layer - 1. Give each layer's gather
   // its own tag (apart from the rings' 0 .. N - 2). Note every buffer in state_->gathered (weakly) and, each time
   // a layer computes, set state_->max_alive to the most of them still alive.
+  // The agreements (fsdp.h): a record of 8 int64 all-gathered (comm.all_gather) before the forward's first gather
+  // (layer count, LayerFn count, elements, a fingerprint of the shapes, and what this rank found wrong: lists of
+  // different lengths, a shard that is not a leaf requiring grad, a shard listed twice (is_same), a layer whose
+  // node in state_->awaiting_backward has not expired) and before each layer's backward takes its buffer (the
+  // layer). Throw the same error on every rank when any record names an error or the records differ. Note each
+  // layer's node (the output's grad_fn()) in state_->awaiting_backward; reset it in the layer's backward. Recompute
+  // with allow_unused, as in step 3.
   TORCH_CHECK(false, "TODO(lesson7, step 4): ShardedStack::forward() is not implemented yet");
 }
 // [sharded_stack]

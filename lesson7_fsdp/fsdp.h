@@ -91,6 +91,8 @@ using LayerFn = std::function<at::Tensor(const at::Tensor& x, const std::vector<
 /// with autograd to get the gradients of x and of the flat buffer, divides the flat gradient by N and
 /// reduce-scatters it into flat.shard's grad (accumulated like any leaf's .grad), and frees the buffer again.
 /// Per call and per backward: two all-gathers and one reduce-scatter of padded_numel floats, nothing else.
+/// Where fn does not use the parameters on this rank, their gradient here is zeros (autograd::grad with
+/// allow_unused), and this rank joins the reduce-scatter like the others instead of throwing alone.
 /// `comm`, `flat` and `fn` must outlive the backward. Throws "requires grad" when flat.shard is not a leaf
 /// that requires grad.
 at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x);
@@ -116,7 +118,20 @@ PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag);
 /// before layer l runs; in the backward, layer l - 1's starts before layer l recomputes and reduce-scatters. At
 /// most two layers' full parameters are alive at once. With prefetch = false each gather starts only when its
 /// layer needs it: the same results and the same bytes. `comm`, `flats` and the stack must outlive the
-/// backward. forward() throws "one LayerFn per FlatParam" when the two lists differ in length.
+/// backward.
+///
+/// The ranks agree before they wait for each other: before the forward and before each layer's backward every
+/// rank all-gathers a record of 8 int64 (what it is about to do), so that a fault on one rank is an error on
+/// EVERY rank, by name, not a gather or a reduce-scatter left waiting until the timeout. forward() checks
+/// locally and puts what it finds into its record (every rank then throws "on rank r: ..."): "one LayerFn per
+/// FlatParam" (lists of different lengths), "must be a leaf that requires grad", "is layer K again" (one shard
+/// listed twice: a layer runs once per forward) and "was gathered twice before its backward" (a forward while
+/// the previous forward's graph still waits for its backward). Records that differ: "the models differ across
+/// ranks" (layer counts, sizes or shapes) and "layer L got no gradient on rank r" (the rank's loss does not
+/// depend on layer L: its backward never reaches L, and it is elsewhere, e.g. in its next forward, when its
+/// peers start L's backward; a rank that makes no further call leaves them to the timeout). A layer function
+/// that does not use its parameters (or its input) on some rank is no fault: that rank's gradient is zeros,
+/// and it joins the reduce-scatter like the others.
 class ShardedStack {
  public:
   ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch = true);

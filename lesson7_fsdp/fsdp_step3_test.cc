@@ -151,6 +151,45 @@ TEST_CASE("[step3] a shard that does not require grad is refused by name") {
   CHECK(outcomes[0].error.find("requires grad") != std::string::npos);
 }
 
+TEST_CASE("[step3] a layer that ignores its parameters on one rank: zeros are that rank's share, not a hang") {
+  const Problem p = make_problem();
+  const int n = 2;
+  // Rank 1's middle layer skips its parameters (an expert no item was routed to, say). Without allow_unused,
+  // autograd::grad throws on rank 1 alone and rank 0 waits in the reduce-scatter until the timeout.
+  const fsdp::LayerFn skip = [](const torch::Tensor& x, const std::vector<torch::Tensor>&) {
+    return torch::tanh(x.narrow(1, 0, 13));
+  };
+  std::vector<torch::Tensor> got(n);
+  const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(n, 5000), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    std::vector<fsdp::FlatParam> flats;
+    for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+    torch::Tensor h = rows(p.x, r, n);
+    for (size_t l = 0; l < 3; ++l) h = fsdp::sharded_forward(comm, flats[l], (r == 1 && l == 1) ? skip : kLayers[l], h);
+    torch::mse_loss(h, rows(p.y, r, n)).backward();
+    got[static_cast<size_t>(r)] = flats[1].shard.grad().clone();
+  });
+  // The oracle: rank 0's own gradient of the middle layer plus rank 1's zeros, over N.
+  std::vector<std::vector<torch::Tensor>> layers;
+  for (const auto& layer : p.layers) {
+    layers.emplace_back();
+    for (const auto& t : layer) layers.back().push_back(t.clone().requires_grad_(true));
+  }
+  torch::Tensor h = rows(p.x, 0, n);
+  for (size_t l = 0; l < 3; ++l) h = kLayers[l](h, layers[l]);
+  torch::mse_loss(h, rows(p.y, 0, n)).backward();
+  const int64_t size = shard_of(kLayerNumel[1], n);
+  const torch::Tensor flat = torch::cat({layers[1][0].grad().reshape({-1}), layers[1][1].grad().reshape({-1}),
+                                         torch::zeros({n * size - kLayerNumel[1]})}) /
+                             n;
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    INFO(outcomes[static_cast<size_t>(r)].error);
+    REQUIRE(outcomes[static_cast<size_t>(r)].ok);
+    CHECK(rel_error({got[static_cast<size_t>(r)]}, {flat.narrow(0, r * size, size)}) <= 1e-6);
+  }
+}
+
 TEST_CASE("[step3] lesson 4's meter: a forward holds one layer's full parameters at a time, not the model's") {
   const std::vector<std::vector<torch::Tensor>> layers = wide_layers();
   const int n = 2;

@@ -194,3 +194,147 @@ TEST_CASE("[step4] lesson 4's meter: a prefetching forward holds two layers' ful
     }
   }
 }
+
+namespace {
+
+// The problem's stack on this rank, trained for `steps` steps with SGD; `depends` says whether rank 1's loss uses the
+// stack's output.
+void train_with_rank1(dist::Comm& comm, const Problem& p, int steps, bool depends) {
+  const int r = comm.rank(), n = comm.world_size();
+  std::vector<fsdp::FlatParam> flats;
+  for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+  std::vector<torch::Tensor> shards;
+  for (auto& flat : flats) shards.push_back(flat.shard);
+  torch::optim::SGD sgd(shards, torch::optim::SGDOptions(0.1));
+  fsdp::ShardedStack stack(comm, flats, kLayers);
+  const torch::Tensor other = torch::ones({1}, torch::requires_grad());
+  for (int s = 0; s < steps; ++s) {
+    sgd.zero_grad();
+    const torch::Tensor out = stack.forward(rows(p.x, r, n));
+    const torch::Tensor loss = (r == 1 && !depends) ? other.sum() : torch::mse_loss(out, rows(p.y, r, n));
+    loss.backward();
+    sgd.step();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("[step4] a layer that gets no gradient on one rank: the same error on every rank, naming it, no timeout") {
+  const Problem p = make_problem();
+  // Rank 1's loss does not use the stack's output: its backward never reaches layer 2. Its next forward meets
+  // rank 0's agreement before layer 2's backward.
+  check_fails_on_every_rank(
+      2, [&](dist::Comm& comm) { train_with_rank1(comm, p, 2, false); }, "layer 2 got no gradient on rank 1");
+}
+
+TEST_CASE("[step4] a layer function that ignores its parameters on one rank: zeros are that rank's share, no hang") {
+  const Problem p = make_problem();
+  const int n = 2;
+  // Rank 1's layer 1 does not use its parameters (a skipped expert, say): its gradient there is zero.
+  const fsdp::LayerFn skip = [](const torch::Tensor& x, const std::vector<torch::Tensor>&) {
+    return torch::tanh(x.narrow(1, 0, 13));
+  };
+  std::vector<torch::Tensor> got(n);
+  const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(n, 5000), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    std::vector<fsdp::FlatParam> flats;
+    for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+    fsdp::ShardedStack stack(comm, flats, r == 1 ? std::vector<fsdp::LayerFn>{hidden, skip, last} : kLayers);
+    torch::mse_loss(stack.forward(rows(p.x, r, n)), rows(p.y, r, n)).backward();
+    got[static_cast<size_t>(r)] = flats[1].shard.grad().clone();
+  });
+  // The oracle: rank 0's own gradient of layer 1, plus rank 1's zeros, over 2.
+  std::vector<std::vector<torch::Tensor>> layers;
+  for (const auto& layer : p.layers) {
+    layers.emplace_back();
+    for (const auto& t : layer) layers.back().push_back(t.clone().requires_grad_(true));
+  }
+  torch::Tensor h = rows(p.x, 0, n);
+  for (size_t l = 0; l < 3; ++l) h = kLayers[l](h, layers[l]);
+  torch::mse_loss(h, rows(p.y, 0, n)).backward();
+  const torch::Tensor flat = torch::cat({layers[1][0].grad().reshape({-1}), layers[1][1].grad().reshape({-1}),
+                                         torch::zeros({fsdp::padded_numel(kLayerNumel[1], n) - kLayerNumel[1]})}) /
+                             n;
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    INFO(outcomes[static_cast<size_t>(r)].error);
+    REQUIRE(outcomes[static_cast<size_t>(r)].ok);
+    const int64_t size = shard_of(kLayerNumel[1], n);
+    CHECK(rel_error({got[static_cast<size_t>(r)]}, {flat.narrow(0, r * size, size)}) <= 1e-6);
+  }
+}
+
+TEST_CASE("[step4] models that differ across ranks: the same error on every rank before any gather") {
+  const Problem p = make_problem();
+  // Rank 1 has a layer fewer.
+  check_fails_on_every_rank(
+      2,
+      [&](dist::Comm& comm) {
+        const int r = comm.rank();
+        std::vector<fsdp::FlatParam> flats;
+        for (size_t l = 0; l < (r == 1 ? 2u : 3u); ++l) flats.push_back(fsdp::flatten_and_shard(p.layers[l], r, 2));
+        fsdp::ShardedStack stack(comm, flats,
+                                 std::vector<fsdp::LayerFn>(kLayers.begin(), kLayers.begin() + flats.size()));
+        stack.forward(rows(p.x, r, 2));
+      },
+      "models differ across ranks");
+  // Rank 1's middle weight is transposed: the same sizes, another shape.
+  check_fails_on_every_rank(
+      2,
+      [&](dist::Comm& comm) {
+        const int r = comm.rank();
+        std::vector<fsdp::FlatParam> flats;
+        for (size_t l = 0; l < 3; ++l) {
+          std::vector<torch::Tensor> layer = p.layers[l];
+          if (r == 1 && l == 1) layer[0] = layer[0].t().contiguous();
+          flats.push_back(fsdp::flatten_and_shard(layer, r, 2));
+        }
+        fsdp::ShardedStack stack(comm, flats, kLayers);
+        stack.forward(rows(p.x, r, 2));
+      },
+      "models differ across ranks");
+}
+
+TEST_CASE("[step4] a layer used twice in one forward is refused on every rank, naming it") {
+  const Problem p = make_problem();
+  // On rank 1 only, the same shard listed twice (layer 2 is layer 1's FlatParam again): rank 1 must not throw
+  // alone, or rank 0 waits for it in the agreement.
+  check_fails_on_every_rank(
+      2,
+      [&](dist::Comm& comm) {
+        std::vector<fsdp::FlatParam> flats;
+        for (size_t l = 0; l < 3; ++l) flats.push_back(fsdp::flatten_and_shard(p.layers[l], comm.rank(), 2));
+        if (comm.rank() == 1) flats[2] = flats[1];
+        fsdp::ShardedStack stack(comm, flats, kLayers);
+        stack.forward(rows(p.x, comm.rank(), 2));
+      },
+      "on rank 1: layer 2 is layer 1 again");
+  // On rank 1 only, a second forward while the first one's graph waits for its backward: every layer would be
+  // gathered twice. Rank 0 backpropagates and meets rank 1's second forward.
+  check_fails_on_every_rank(
+      2,
+      [&](dist::Comm& comm) {
+        std::vector<fsdp::FlatParam> flats;
+        for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), 2));
+        fsdp::ShardedStack stack(comm, flats, kLayers);
+        const torch::Tensor x = rows(p.x, comm.rank(), 2);
+        const torch::Tensor a = stack.forward(x);
+        const torch::Tensor b = comm.rank() == 1 ? stack.forward(x) : a;
+        (a + b).sum().backward();
+      },
+      "on rank 1: layer 0 was gathered twice before its backward");
+  // Not after a backward, nor when the graph is gone or was never made (no-grad).
+  dist::run_ranks(launch(2), [&](dist::Comm& comm) {
+    std::vector<fsdp::FlatParam> flats;
+    for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), 2));
+    fsdp::ShardedStack stack(comm, flats, kLayers);
+    const torch::Tensor x = rows(p.x, comm.rank(), 2);
+    const torch::Tensor out = stack.forward(x);
+    out.sum().backward();
+    stack.forward(x);                   // the first graph's backward ran (its output is still alive)
+    stack.forward(x).sum().backward();  // the previous output was dropped: its graph is gone
+    torch::NoGradGuard no_grad;
+    stack.forward(x);
+    stack.forward(x);
+  });
+}

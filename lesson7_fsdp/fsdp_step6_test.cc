@@ -201,6 +201,15 @@ TEST_CASE("[step6] a checkpoint of another model is refused by name on every ran
       2, [&](dist::Comm& comm) { fsdp::load_sharded(comm, dir, shapes); }, "was saved for another model");
 }
 
+TEST_CASE("[step6] a file that is not a sharded checkpoint is refused by name on every rank") {
+  const Problem p = make_problem();
+  const std::string dir = fresh_dir("foreign");
+  std::filesystem::create_directories(dir);
+  torch::save(std::vector<torch::Tensor>{torch::zeros({6}, torch::kLong)}, dir + "/rank_0.pt");  // no format number
+  check_fails_on_every_rank(
+      2, [&](dist::Comm& comm) { fsdp::load_sharded(comm, dir, shapes_of(p.layers)); }, "is not a sharded checkpoint");
+}
+
 TEST_CASE("[step6] a missing rank file is refused by name on every rank, not a hang") {
   const Problem p = make_problem();
   const std::string dir = fresh_dir("missing");

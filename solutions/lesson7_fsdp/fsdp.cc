@@ -210,10 +210,13 @@ struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
       const at::Tensor y = (*fn)(x_in, unflatten(*flat, full));
       torch::autograd::variable_list inputs{full};
       if (needs_x) inputs.push_back(x_in);
-      grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]});
+      // allow_unused: where fn ignores its parameters on this rank, their gradient is zeros, not a throw on this
+      // rank alone that would leave its peers waiting in the reduce-scatter.
+      grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]}, {}, false, true);
     }
+    const at::Tensor local = grads[0].defined() ? grads[0] : at::zeros({flat->padded_numel}, at::kFloat);
     // The average over the ranks, and only this rank's slice of it: a reduce-scatter of grad / N.
-    const at::Tensor flat_grad = grads[0] / static_cast<double>(comm->world_size());
+    const at::Tensor flat_grad = local / static_cast<double>(comm->world_size());
     at::Tensor shard_grad = at::empty({flat->padded_numel / flat->world_size}, at::kFloat);
     reduce_scatter_into(*comm, flat_grad, shard_grad);
     return {needs_x ? grads[1] : at::Tensor(), shard_grad, at::Tensor(), at::Tensor(), at::Tensor()};
@@ -232,7 +235,12 @@ at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn,
 // What ShardedStack's forward and its layers' backward share (given: the fields your step 4 code uses).
 struct ShardedStack::State {
   State(dist::Comm& comm_, std::vector<FlatParam>& flats_, std::vector<LayerFn> fns_, bool prefetch_)
-      : comm(comm_), flats(flats_), fns(std::move(fns_)), prefetch(prefetch_), pending(flats_.size()) {}
+      : comm(comm_),
+        flats(flats_),
+        fns(std::move(fns_)),
+        prefetch(prefetch_),
+        pending(flats_.size()),
+        awaiting_backward(flats_.size()) {}
   dist::Comm& comm;
   std::vector<FlatParam>& flats;
   std::vector<LayerFn> fns;
@@ -240,6 +248,9 @@ struct ShardedStack::State {
   std::vector<std::unique_ptr<PendingGather>> pending;              ///< per layer: its gather in flight, if any
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> gathered;  ///< buffers gathered, held weakly
   int max_alive = 0;
+  /// Per layer: the autograd node of its last forward while that forward's backward has not run (held weakly:
+  /// expired once the graph is gone, as after a backward or when the output is dropped).
+  std::vector<std::weak_ptr<torch::autograd::Node>> awaiting_backward;
 };
 
 ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
@@ -277,6 +288,82 @@ PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag) {
 namespace {
 
 constexpr int kPrefetchTag = 1 << 16;  // + layer: apart from the rings' tags (0 .. N - 2)
+
+// The agreements. Before a forward and before each layer's backward every
+// rank says what it is about to do in one all-gather of a record of kRecord int64. Every rank then sees every
+// rank's record and throws the same error, instead of waiting in a gather or a reduce-scatter that a peer never
+// joins. A record: {phase, a, b, c, d, error, error_layer, error_other}.
+enum Phase : int64_t { kForwardPhase = 1, kBackwardPhase = 2 };
+enum LocalError : int64_t { kNoError = 0, kFnCount = 1, kNotLeaf = 2, kListedTwice = 3, kGatheredTwice = 4 };
+constexpr int64_t kRecord = 8;
+
+std::string doing(const std::vector<int64_t>& rec) {
+  if (rec[0] == kForwardPhase) return c10::str("a forward of ", rec[1], " layers (", rec[3], " elements)");
+  return c10::str("layer ", rec[1], "'s backward");
+}
+
+std::string local_error(const std::vector<int64_t>& rec) {
+  switch (rec[5]) {
+    case kFnCount:
+      return c10::str("one LayerFn per FlatParam, got ", rec[1], " FlatParams and ", rec[2], " LayerFns");
+    case kNotLeaf:
+      return c10::str("layer ", rec[6], "'s shard must be a leaf that requires grad");
+    case kListedTwice:
+      return c10::str("layer ", rec[6], " is layer ", rec[7],
+                      " again (the same shard): a layer runs once per forward, and an optimizer, a checkpoint or "
+                      "full_state given every shard would take it twice");
+    default:
+      return c10::str("layer ", rec[6], " was gathered twice before its backward: the previous forward's graph ",
+                      "still waits for its backward (a layer runs once per forward; backpropagate first, or run "
+                      "the forward under no-grad)");
+  }
+}
+
+// Exchanges this rank's record and throws, on every rank alike, when the records disagree or one names an error.
+void agree(ShardedStack::State& s, std::vector<int64_t> mine) {
+  mine.resize(kRecord, 0);
+  std::vector<std::vector<int64_t>> all;
+  for (const at::Tensor& t : s.comm.all_gather(at::tensor(mine, at::kLong))) {
+    const at::Tensor c = t.contiguous();
+    all.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  for (size_t r = 0; r < all.size(); ++r) {
+    TORCH_CHECK(all[r][0] != kForwardPhase || all[r][5] == kNoError, "ShardedStack: on rank ", r, ": ",
+                local_error(all[r]));
+  }
+  if (std::all_of(all.begin(), all.end(), [&](const auto& rec) { return rec == all[0]; })) return;
+  std::string ranks;
+  for (size_t r = 0; r < all.size(); ++r) ranks += c10::str(r ? "; " : "", "rank ", r, ": ", doing(all[r]));
+  const bool forwards = std::all_of(all.begin(), all.end(), [](const auto& rec) { return rec[0] == kForwardPhase; });
+  TORCH_CHECK(!forwards, "ShardedStack: the models differ across ranks in their layers' count, sizes or shapes (",
+              ranks, "): every rank must run the same layers");
+  // In a backward: the layer that is missing somewhere is the highest one a rank is at (the backward walks down);
+  // the first rank that is not there is one whose loss does not depend on it.
+  int64_t layer = -1;
+  for (const auto& rec : all) {
+    if (rec[0] == kBackwardPhase) layer = std::max(layer, rec[1]);
+  }
+  size_t missing = 0;
+  while (missing + 1 < all.size() && all[missing][0] == kBackwardPhase && all[missing][1] == layer) ++missing;
+  const std::string why = c10::str("it is in ", doing(all[missing]), " instead: its loss does not depend on the layer");
+  TORCH_CHECK(false, "ShardedStack: layer ", layer, " got no gradient on rank ", missing, " (", why,
+              ") but did on another: every rank must backpropagate through every layer, or none does (", ranks, ")");
+}
+
+// A fingerprint of the stack's layers (their shapes and world sizes), for the forward's record.
+int64_t fingerprint(const std::vector<FlatParam>& flats) {
+  uint64_t h = 1469598103934665603ull;
+  const auto mix = [&h](int64_t v) { h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
+  for (const FlatParam& flat : flats) {
+    mix(flat.world_size);
+    mix(static_cast<int64_t>(flat.shapes.size()));
+    for (const auto& shape : flat.shapes) {
+      mix(static_cast<int64_t>(shape.size()));
+      for (const int64_t d : shape) mix(d);
+    }
+  }
+  return static_cast<int64_t>(h >> 1);
+}
 
 // Starts layer's gather (when prefetching and the layer exists) and notes its buffer.
 void start_layer(ShardedStack::State& s, int64_t layer) {
@@ -317,39 +404,69 @@ struct StackLayer : public torch::autograd::Function<StackLayer> {
                                                  torch::autograd::variable_list grad_outputs) {
     auto* s = reinterpret_cast<ShardedStack::State*>(ctx->saved_data["state"].toInt());
     const int64_t layer = ctx->saved_data["layer"].toInt();
+    s->awaiting_backward[layer].reset();
+    // Every rank is about to backpropagate through this layer, or every rank learns which one is not.
+    agree(*s, {kBackwardPhase, layer});
     const at::Tensor x = ctx->get_saved_variables()[0];
     const bool needs_x = ctx->needs_input_grad(0);
     const at::Tensor full = take_layer(*s, layer).requires_grad_(true);
     if (s->prefetch) start_layer(*s, layer - 1);  // the layer below is next in the backward
     note_alive(*s);
     const at::Tensor x_in = x.detach().requires_grad_(needs_x);
-    torch::autograd::variable_list grads;
+    torch::autograd::variable_list grads{at::Tensor(), at::Tensor()};
     {
       at::AutoGradMode enable(true);
       const at::Tensor y = s->fns[layer](x_in, unflatten(s->flats[layer], full));
       torch::autograd::variable_list inputs{full};
       if (needs_x) inputs.push_back(x_in);
-      grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]});
+      // allow_unused: a layer function that ignores its parameters (or its input) on this rank gives an undefined
+      // gradient here, where autograd::grad would otherwise throw on this rank alone.
+      if (y.requires_grad()) grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]}, {}, false, true);
+      grads.resize(2);
     }
     const FlatParam& flat = s->flats[layer];
-    const at::Tensor flat_grad = grads[0] / static_cast<double>(s->comm.world_size());
+    // A layer function that did not use the parameters on this rank: its share of the average is zero, and this
+    // rank still joins the reduce-scatter that its peers are in.
+    const at::Tensor local = grads[0].defined() ? grads[0] : at::zeros({flat.padded_numel}, at::kFloat);
+    const at::Tensor flat_grad = local / static_cast<double>(s->comm.world_size());
     at::Tensor shard_grad = at::empty({flat.padded_numel / flat.world_size}, at::kFloat);
     reduce_scatter_into(s->comm, flat_grad, shard_grad);
-    return {needs_x ? grads[1] : at::Tensor(), shard_grad, at::Tensor(), at::Tensor()};
+    return {grads[1], shard_grad, at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor ShardedStack::forward(const at::Tensor& x) {
-  TORCH_CHECK(state_->fns.size() == state_->flats.size(), "ShardedStack: one LayerFn per FlatParam, got ",
-              state_->flats.size(), " FlatParams and ", state_->fns.size(), " LayerFns");
+  State& s = *state_;
+  // This rank's own findings go into its record, not into a throw: a rank that threw alone would leave its peers
+  // waiting in the agreement.
+  std::vector<int64_t> record(kRecord, 0);  // {phase, layers, LayerFns, elements, fingerprint, error, its layers}
+  record[0] = kForwardPhase;
+  record[1] = static_cast<int64_t>(s.flats.size());
+  record[2] = static_cast<int64_t>(s.fns.size());
+  record[4] = fingerprint(s.flats);
+  const auto fail = [&record](int64_t error, size_t layer, size_t other) {
+    if (record[5] != kNoError) return;
+    record[5] = error;
+    record[6] = static_cast<int64_t>(layer);
+    record[7] = static_cast<int64_t>(other);
+  };
+  if (s.fns.size() != s.flats.size()) fail(kFnCount, 0, 0);
+  for (size_t l = 0; l < s.flats.size(); ++l) {
+    const at::Tensor& shard = s.flats[l].shard;
+    record[3] += s.flats[l].numel;
+    if (!(shard.defined() && shard.is_leaf() && shard.requires_grad())) fail(kNotLeaf, l, 0);
+    for (size_t k = 0; k < l; ++k) {
+      if (shard.defined() && shard.is_same(s.flats[k].shard)) fail(kListedTwice, l, k);
+    }
+    if (!s.awaiting_backward[l].expired()) fail(kGatheredTwice, l, 0);
+  }
+  agree(s, record);
   at::Tensor h = x;
-  for (size_t l = 0; l < state_->flats.size(); ++l) {
-    const at::Tensor& shard = state_->flats[l].shard;
-    TORCH_CHECK(shard.defined() && shard.is_leaf() && shard.requires_grad(), "ShardedStack: layer ", l,
-                "'s shard must be a leaf that requires grad");
-    h = StackLayer::apply(h, shard, state_.get(), static_cast<int64_t>(l));
+  for (size_t l = 0; l < s.flats.size(); ++l) {
+    h = StackLayer::apply(h, s.flats[l].shard, state_.get(), static_cast<int64_t>(l));
+    if (h.grad_fn()) s.awaiting_backward[l] = h.grad_fn();
   }
   return h;
 }
