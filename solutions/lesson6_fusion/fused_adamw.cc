@@ -124,8 +124,9 @@ void store(float* dst, const Vec& value, int64_t count) {
 // 16-bit parameters and gradients are converted a block at a time, into float32 arrays on the stack (per thread,
 // in the L1 cache), and the float32 loop runs over those. Each conversion is one simple loop over the block, written
 // on the bits (integer operations, a select instead of a branch), which gcc turns into SSE2 instructions that
-// convert 4 or 8 elements at once; converting inside the vector loop, one element at a time through a small array,
-// cost about 17 instructions per element (docs/results/lesson6_experiments.md has both measurements).
+// convert 4 or 8 elements at once, where a conversion inside the vector loop goes one element at a time through a
+// small array. Measured against that (docs/results/lesson6_experiments.md, 2026-12-06): float16 about twice as
+// fast; bfloat16 the same within the noise of a shared machine, its step being bound by the arithmetic there.
 constexpr int64_t kBlock = 512;  // elements: 2 KiB of each float32 array
 
 float float_from_bits(uint32_t bits) {
