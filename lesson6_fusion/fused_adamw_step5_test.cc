@@ -35,6 +35,28 @@ TEST_CASE("[step5] finite gradients are multiplied by inv_scale, each rounded on
   }
 }
 
+TEST_CASE("[step5] every finite 16-bit value, unscaled, is rounded as Tensor::to rounds it: ties, subnormals, inf") {
+  // All 65536 bit patterns of the dtype but inf and NaN, read, multiplied in float32 and rounded back. inv_scale
+  // 1 + 2^-8 (1 + 2^-11) puts many products exactly halfway between two bfloat16 (float16) values: ties go to the
+  // even one. 2^-10 makes subnormal results, 4 overflows the largest values to inf, 1/3 rounds everything else.
+  for (torch::ScalarType dtype : {torch::kBFloat16, torch::kHalf}) {
+    const torch::Tensor every = torch::arange(-32768, 32768, torch::kInt32).to(torch::kInt16).view(dtype);
+    const torch::Tensor finite = every.masked_select(torch::isfinite(every));
+    for (float inv :
+         {1.0f + std::ldexp(1.0f, -8), 1.0f + std::ldexp(1.0f, -11), std::ldexp(1.0f, -10), 4.0f, 1.0f / 3}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(inv);
+      std::vector<torch::Tensor> grads = {finite.clone()};
+      torch::Tensor found_inf = torch::zeros({1});
+      fusion::fused_unscale_(grads, found_inf, torch::full({1}, inv));
+      CHECK(found_inf.item<float>() == 0.0f);
+      const torch::Tensor want = (finite.to(torch::kFloat) * inv).to(dtype);
+      const int64_t differing = grads[0].view(torch::kInt16).ne(want.view(torch::kInt16)).sum().item<int64_t>();
+      CHECK(differing == 0);
+    }
+  }
+}
+
 TEST_CASE("[step5] an inf or a NaN anywhere sets found_inf to 1, and every value is still unscaled") {
   const std::vector<torch::Tensor> before = scaled_grads(22);
   // (gradient, element): the first element of all, the last of a piece-crossing tensor, a 16-bit tail, the last.

@@ -8,6 +8,12 @@ decides that pays. Measured with gcc 12 on the reference solution (objdump of th
                                      multi-tensor kernel (step 4) called the same loop, gcc's cost model went back
                                      to one lane at a time (sqrtss/divss) and the step took 3.5x longer
   + -fvect-cost-model=unlimited:     sqrtps/divps again, whatever else the file holds
+  16-bit block conversions (the reference's widen/narrow loops, 2026-12-06): vectorised at these flags (punpcklwd
+                                     and pslld to widen, pcmpgtd masks and punpck packing to narrow; -fopt-info-vec
+                                     says so for each loop). Written with a select instead of a branch: float16's,
+                                     which has float operations in it, stayed scalar as a ?: chain ("control flow in
+                                     loop"; likely because a float operation may trap, so gcc will not run all
+                                     the branches' operations unconditionally).
   -fopenmp:                          at::parallel_for is a template in ATen's headers; LibTorch's OpenMP build
                                      runs it on several threads only where the file that instantiates it is
                                      compiled with OpenMP (_OPENMP defined). Without the flag every piece ran on

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -106,18 +108,10 @@ Coefficients coefficients(const AdamWHyper& h, int64_t step, float grad_multipli
   return c;
 }
 
-// Loads `count` elements as float32 lanes (the rest zero); stores them back in the tensor's own type. A full float32
-// vector takes the fixed-size path: in ATen's generic Vectorized the counted loadu/store copy a run-time number of
-// bytes (a memcpy call per vector). Measured at 64 MiB: the float32 step took 64.6 ms with counted stores, 31.2 ms
-// with fixed-size ones. (For 16-bit types a fixed-count conversion loop measured slower, so they keep one loop.)
+// Loads `count` float32 elements as lanes (the rest zero) and stores them back. A full vector takes the fixed-size
+// path: in ATen's generic Vectorized the counted loadu/store copy a run-time number of bytes (a memcpy call per
+// vector). Measured at 64 MiB: the float32 step took 64.6 ms with counted stores, 31.2 ms with fixed-size ones.
 Vec load(const float* src, int64_t count) { return count == Vec::size() ? Vec::loadu(src) : Vec::loadu(src, count); }
-
-template <typename T>
-Vec load(const T* src, int64_t count) {
-  float lanes[Vec::size()] = {};
-  for (int64_t i = 0; i < count; ++i) lanes[i] = static_cast<float>(src[i]);
-  return Vec::loadu(lanes);
-}
 
 void store(float* dst, const Vec& value, int64_t count) {
   if (count == Vec::size()) {
@@ -127,21 +121,85 @@ void store(float* dst, const Vec& value, int64_t count) {
   }
 }
 
+// 16-bit parameters and gradients are converted a block at a time, into float32 arrays on the stack (per thread,
+// in the L1 cache), and the float32 loop runs over those. Each conversion is one simple loop over the block, written
+// on the bits (integer operations, a select instead of a branch), which gcc turns into SSE2 instructions that
+// convert 4 or 8 elements at once, where a conversion inside the vector loop goes one element at a time through a
+// small array. Measured against that (docs/results/lesson6_experiments.md, 2026-12-06): float16 about twice as
+// fast; bfloat16 the same within the noise of a shared machine, its step being bound by the arithmetic there.
+constexpr int64_t kBlock = 512;  // elements: 2 KiB of each float32 array
+
+float float_from_bits(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof value);  // no aliasing question, and compiled to nothing
+  return value;
+}
+
+uint32_t bits_of(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+uint32_t all_ones_if(bool condition) { return 0u - static_cast<uint32_t>(condition); }
+
+// bfloat16 is the upper half of a float32: widening appends 16 zero bits. Narrowing rounds to nearest, ties to even,
+// as c10::BFloat16(float) does, bit for bit: adding 0x7FFF plus the lowest kept bit carries into the kept half
+// exactly when the dropped half is above the tie, or at the tie with an odd kept half; a NaN becomes 0x7FC0.
+float widened(c10::BFloat16 x) { return float_from_bits(static_cast<uint32_t>(x.x) << 16); }
+
+void narrow_to(c10::BFloat16& dst, float x) {
+  const uint32_t u = bits_of(x);
+  const uint32_t nan = all_ones_if((u & 0x7FFFFFFFu) > 0x7F800000u);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  dst.x = static_cast<uint16_t>((0x7FC0u & nan) | (rounded & ~nan));
+}
+
+// float16 (1 sign, 5 exponent, 10 mantissa bits) as c10::Half converts it, bit for bit. Widening: a normal number
+// gets its exponent rebiased (15 -> 127); a subnormal one is its mantissa times 2^-24 (exact in float32); inf and
+// NaN keep their mantissa (a NaN made quiet). Every case is computed and the right one selected, so that a loop
+// of these has no branch and gcc vectorises it.
+float widened(c10::Half x) {
+  const uint32_t h = x.x;
+  const uint32_t magnitude = h & 0x7FFFu, mantissa = h & 0x3FFu;
+  const uint32_t normal = (magnitude << 13) + 0x38000000u;
+  const uint32_t subnormal = bits_of(static_cast<float>(static_cast<int32_t>(mantissa)) * 0x1p-24f);
+  const uint32_t special = 0x7F800000u | (mantissa << 13) | (all_ones_if(mantissa != 0) & 0x00400000u);
+  const uint32_t is_special = all_ones_if(magnitude >= 0x7C00u), is_subnormal = all_ones_if(magnitude < 0x0400u);
+  return float_from_bits(((h & 0x8000u) << 16) | (special & is_special) | (subnormal & is_subnormal) |
+                         (normal & ~(is_special | is_subnormal)));
+}
+
+// Narrowing to float16, rounding to nearest even: a normal result drops 13 mantissa bits the way bfloat16 drops 16
+// (a carry may step into the next exponent, or into inf); at or above 65520 the result is inf; below 2^-14 adding
+// 0.5 lets the float32 addition itself round |x| to a multiple of 2^-24, float16's subnormal step; NaN is 0x7E00.
+void narrow_to(c10::Half& dst, float x) {
+  const uint32_t u = bits_of(x);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  const uint32_t normal = (a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13;
+  const uint32_t subnormal = bits_of(float_from_bits(a) + 0.5f) - 0x3F000000u;
+  const uint32_t is_nan = all_ones_if(a > 0x7F800000u), is_inf = all_ones_if(a >= 0x477FF000u) & ~is_nan,
+                 is_subnormal = all_ones_if(a < 0x38800000u);
+  const uint32_t magnitude = (0x7E00u & is_nan) | (0x7C00u & is_inf) | (subnormal & is_subnormal) |
+                             (normal & ~(is_nan | is_inf | is_subnormal));
+  dst.x = static_cast<uint16_t>(((u >> 16) & 0x8000u) | magnitude);
+}
+
+// A block's conversions, each one simple loop (T is c10::BFloat16 or c10::Half).
 template <typename T>
-T rounded(float x) {
-  return T(x);  // c10::BFloat16 / c10::Half round to nearest even
+void widen(const T* src, float* dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = widened(src[i]);
 }
 
 template <typename T>
-void store(T* dst, const Vec& value, int64_t count) {
-  float lanes[Vec::size()];
-  value.store(lanes);
-  for (int64_t i = 0; i < count; ++i) dst[i] = rounded<T>(lanes[i]);
+void narrow(const float* src, T* dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) narrow_to(dst[i], src[i]);
 }
 
-// One AdamW update of elements [begin, end): every element is read once and written once, in registers between.
-template <typename T>
-void adamw_range(T* p, const T* g, float* m, float* v, int64_t begin, int64_t end, const Coefficients& c, bool decay) {
+// One AdamW update of float32 elements [begin, end): every element is read once and written once, in registers
+// between.
+void adamw_range(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end, const Coefficients& c,
+                 bool decay) {
   const Vec decay_v(c.decay), beta1(c.beta1), one_minus_beta1(c.one_minus_beta1), beta2(c.beta2),
       one_minus_beta2(c.one_minus_beta2), sqrt_bc2(c.sqrt_bias_correction2), eps(c.eps), neg_step_size(c.neg_step_size),
       multiplier(c.grad_multiplier);
@@ -164,6 +222,22 @@ void adamw_range(T* p, const T* g, float* m, float* v, int64_t begin, int64_t en
     store(p + i, param, n);
     store(m + i, exp_avg, n);
     store(v + i, exp_avg_sq, n);
+  }
+}
+
+// The same update with a 16-bit parameter and gradient (T is c10::BFloat16 or c10::Half): block by block, widened
+// into float32, the float32 loop above on the block (the state is float32 already: it is updated where it lies),
+// and the parameter narrowed back. The gradient is only read. The last block of a range may be partial: only its
+// `count` elements are converted, read or written.
+template <typename T>
+void adamw_range(T* p, const T* g, float* m, float* v, int64_t begin, int64_t end, const Coefficients& c, bool decay) {
+  float param[kBlock], grad[kBlock];
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t count = std::min(kBlock, end - b);
+    widen(p + b, param, count);
+    widen(g + b, grad, count);
+    adamw_range(param, grad, m + b, v + b, 0, count, c, decay);
+    narrow(param, p + b, count);
   }
 }
 
@@ -435,8 +509,7 @@ namespace {
 // Unscales elements [lo, hi) of one gradient in place; returns whether any of them, before the multiply, was inf
 // or NaN. x - x is 0 for every finite x and NaN for inf and NaN, so a running sum of (x - x) over the lanes stays
 // 0 exactly when every element read was finite: one subtraction and one addition per vector, no branch.
-template <typename T>
-bool unscale_range(T* g, int64_t lo, int64_t hi, float inv_scale) {
+bool unscale_range(float* g, int64_t lo, int64_t hi, float inv_scale) {
   const Vec inv(inv_scale);
   Vec non_finite(0.0f);
   constexpr int64_t kLanes = Vec::size();
@@ -452,6 +525,21 @@ bool unscale_range(T* g, int64_t lo, int64_t hi, float inv_scale) {
     if (lane != 0.0f) return true;  // NaN compares unequal to everything
   }
   return false;
+}
+
+// A 16-bit gradient: block by block through a float32 array, as step 2's kernel does; written back only when
+// something was multiplied.
+template <typename T>
+bool unscale_range(T* g, int64_t lo, int64_t hi, float inv_scale) {
+  float block[kBlock];
+  bool found = false;
+  for (int64_t b = lo; b < hi; b += kBlock) {
+    const int64_t count = std::min(kBlock, hi - b);
+    widen(g + b, block, count);
+    found = unscale_range(block, 0, count, inv_scale) || found;
+    if (inv_scale != 1.0f) narrow(block, g + b, count);
+  }
+  return found;
 }
 
 bool unscale_part(const at::Tensor& grad, int64_t lo, int64_t hi, float inv_scale) {

@@ -52,23 +52,35 @@ MUTANTS = [
      "",
      "the fused step forgets the weight decay"),
     ("l6_16bit_truncates", L6,
-     "  return T(x);  // c10::BFloat16 / c10::Half round to nearest even",
-     "  uint32_t bits;\n"
-     "  __builtin_memcpy(&bits, &x, sizeof bits);\n"
-     "  bits &= 0xFFFF0000u;  // keeps the upper half: truncation\n"
-     "  float truncated;\n"
-     "  __builtin_memcpy(&truncated, &bits, sizeof bits);\n"
-     "  return T(std::is_same<T, c10::BFloat16>::value ? truncated : x);",
-     "bfloat16 parameters are written back truncated (the float's upper 16 bits) instead of rounded to nearest"),
+     "const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;",
+     "const uint32_t rounded = u >> 16;  // keeps the upper half: truncation",
+     "bfloat16 values are written back truncated (the float's upper 16 bits) instead of rounded to nearest"),
+    ("l6_bf16_ties_away", L6,
+     "const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;",
+     "const uint32_t rounded = (u + 0x8000u) >> 16;",
+     "a bfloat16 tie rounds away from zero instead of to the even neighbour"),
+    ("l6_half_truncates", L6,
+     "const uint32_t normal = (a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13;",
+     "const uint32_t normal = (a - 0x38000000u) >> 13;",
+     "float16 values are written back truncated instead of rounded to nearest"),
+    ("l6_half_subnormals_flushed", L6,
+     "(0x7C00u & is_inf) | (subnormal & is_subnormal) |",
+     "(0x7C00u & is_inf) |",
+     "a float16 result below 2^-14 (subnormal) is written as zero"),
+    ("l6_half_overflow_wraps", L6,
+     "is_inf = all_ones_if(a >= 0x477FF000u) & ~is_nan,",
+     "is_inf = all_ones_if(a >= 0x7F800000u) & ~is_nan,",
+     "a float16 result of 65520 or more is not made inf: its exponent overflows into the sign bit or wraps"),
+    ("l6_half_widen_subnormals_flushed", L6,
+     "(special & is_special) | (subnormal & is_subnormal) |",
+     "(special & is_special) |",
+     "a subnormal float16 value is read as zero"),
     ("l6_16bit_state_rounded", L6,
-     "    store(m + i, exp_avg, n);\n",
-     "    if (std::is_same<T, float>::value) {\n"
-     "      store(m + i, exp_avg, n);\n"
-     "    } else {\n"
-     "      T rounded[kLanes];\n"
-     "      store(rounded, exp_avg, n);\n"
-     "      store(m + i, load(rounded, n), n);\n"
-     "    }\n",
+     "    narrow(param, p + b, count);\n",
+     "    narrow(param, p + b, count);\n"
+     "    T rounded[kBlock];\n"
+     "    narrow(m + b, rounded, count);\n"
+     "    widen(rounded, m + b, count);\n",
      "with 16-bit parameters the first moment is rounded to the parameter's dtype each step (state not float32)"),
     # ---- step 3: the operator's checks ------------------------------------------------------------------
     ("l6_overlap_check_misses_pairs", L6,
@@ -198,13 +210,13 @@ MUTANTS = [
      "  TORCH_CHECK(exp_avg_sq.device() == param.device(),",
      "the device rule compares one of the other three tensors with param: grad or exp_avg elsewhere passes"),
     ("l6_16bit_tail_overread", L6,
-     "for (int64_t i = 0; i < count; ++i) lanes[i] = static_cast<float>(src[i]);",
-     "for (int64_t i = 0; i < Vec::size(); ++i) lanes[i] = static_cast<float>(src[i]);",
-     "a 16-bit load converts all the lanes: the last vector reads up to 7 elements past the tensor's end"),
+     "    widen(g + b, grad, count);\n",
+     "    widen(g + b, grad, kBlock);\n",
+     "the last block of a 16-bit range converts a whole block of the gradient: it reads past the tensor's end"),
     ("l6_16bit_tail_overwrite", L6,
-     "for (int64_t i = 0; i < count; ++i) dst[i] = rounded<T>(lanes[i]);",
-     "for (int64_t i = 0; i < Vec::size(); ++i) dst[i] = rounded<T>(lanes[i]);",
-     "a 16-bit store writes all the lanes: the last vector writes up to 7 elements past the tensor's end"),
+     "    narrow(param, p + b, count);\n",
+     "    narrow(param, p + b, kBlock);\n",
+     "the last block of a 16-bit range is written back whole: it writes past the parameter's end"),
     ("l6_float_tail_overread", L6,
      "Vec load(const float* src, int64_t count) { return count == Vec::size() ? Vec::loadu(src) : Vec::loadu(src, count); }",
      "Vec load(const float* src, int64_t count) { return Vec::loadu(src); }",
@@ -212,7 +224,7 @@ MUTANTS = [
     # ---- step 5: the scaler inside the AdamW pass (grad_scale, found_inf) ----------------------------------
     ("l6_scaled_grad_written_back", L6,
      "    if (unscale) grad = grad * multiplier;  // in a register: the scaled gradient in memory is left as it is\n",
-     "    if (unscale) {\n      grad = grad * multiplier;\n      store(const_cast<T*>(g) + i, grad, n);\n    }\n",
+     "    if (unscale) {\n      grad = grad * multiplier;\n      store(const_cast<float*>(g) + i, grad, n);\n    }\n",
      "the unscaled gradient is written back, as ATen's kernel does (4 bytes per element more, and a changed input)"),
     ("l6_scaled_multiplier_ignored", L6,
      "    if (unscale) grad = grad * multiplier;  // in a register: the scaled gradient in memory is left as it is\n",
