@@ -20,6 +20,11 @@ MUTANTS = [
      "const int64_t state = param;",
      "the fused napkin gives the state the parameter's dtype (it is float32)"),
     # ---- step 2: the kernel -----------------------------------------------------------------------------
+    ("l6_fma_contracted", "lesson6_fusion/kernel_copts.bzl",
+     '    "-fvect-cost-model=unlimited",\n    "-ffp-contract=off",',
+     '    "-fvect-cost-model=unlimited",\n    "-ffp-contract=fast",',
+     "gcc may fuse a * b + c into one FMA in the AVX2 copy of the loop: one rounding where the baseline copy "
+     "and torch::optim::AdamW round twice"),
     ("l6_no_bias_correction", L6,
      "c.neg_step_size = static_cast<float>(-h.lr / bias_correction1);",
      "c.neg_step_size = static_cast<float>(-h.lr);",
