@@ -83,6 +83,7 @@ std::atomic<int> isa_in_use{-1};
 
 }  // namespace
 
+// [cpu_isa]
 CpuIsa best_cpu_isa() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -111,6 +112,7 @@ void set_cpu_isa(CpuIsa isa) {
 }
 
 const char* cpu_isa_name(CpuIsa isa) { return isa == CpuIsa::kAvx2 ? "avx2" : "baseline"; }
+// [cpu_isa]
 
 bool has_cuda_kernel() {
   const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(kOpName, ""));
