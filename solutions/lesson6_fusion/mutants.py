@@ -223,8 +223,8 @@ MUTANTS = [
      "    narrow(param, p + b, kBlock);\n",
      "the last block of a 16-bit range is written back whole: it writes past the parameter's end"),
     ("l6_float_tail_overread", L6,
-     "Vec load(const float* src, int64_t count) { return count == Vec::size() ? Vec::loadu(src) : Vec::loadu(src, count); }",
-     "Vec load(const float* src, int64_t count) { return Vec::loadu(src); }",
+     "  return count == Vec::size() ? Vec::loadu(src) : Vec::loadu(src, count);",
+     "  return Vec::loadu(src);",
      "every float32 vector is loaded whole: the last one reads past the tensor's end (only the store is counted)"),
     # ---- step 5: the scaler inside the AdamW pass (grad_scale, found_inf) ----------------------------------
     ("l6_scaled_grad_written_back", L6,
