@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <iostream>
 #include <string>
@@ -64,6 +65,29 @@ double median_of(const std::vector<Variant>& variants, const std::string& name) 
   }
   TORCH_CHECK(false, "lesson 6 demo: no variant named ", name);
   return 0;
+}
+
+// On a CPU whose fused loop runs the AVX2 copy (fusion::cpu_isa()): the two fused steps again on the baseline
+// instruction set, each with its own parameter and state, so that the table shows what the wider copy gives.
+void add_baseline_isa(std::vector<Variant>& variants, const torch::Tensor& start, const torch::Tensor& grad,
+                      const fusion::AdamWHyper& hyper) {
+  const fusion::CpuIsa isa = fusion::cpu_isa();
+  if (!start.is_cpu() || isa == fusion::CpuIsa::kBaseline) return;
+  for (const torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16}) {
+    struct State {
+      torch::Tensor p, g, m, v;
+      int64_t step = 0;
+    };
+    auto s = std::make_shared<State>(
+        State{start.to(dtype), grad.to(dtype), torch::zeros_like(start), torch::zeros_like(start)});
+    const fusion::Traffic traffic = fusion::fused_adamw_traffic(start.numel(), dtype);
+    const std::string name = dtype == torch::kFloat ? "fused op (float32)" : "fused op (bfloat16 param)";
+    variants.push_back({name + ", baseline ISA", traffic.passes, traffic.total(), [s, hyper, isa] {
+                          fusion::set_cpu_isa(fusion::CpuIsa::kBaseline);
+                          fusion::fused_adamw_(s->p, s->g, s->m, s->v, hyper, ++s->step);
+                          fusion::set_cpu_isa(isa);
+                        }});
+  }
 }
 
 // The single-tensor table and the page's goals, each with this run's figure.
@@ -182,7 +206,13 @@ int run(const workshop::Demo& demo) {
   std::cout << "Lesson 6 — fused kernels: one AdamW step\n"
             << "device: " << workshop::device_name(device) << ", ATen threads: " << at::get_num_threads() << "\n"
             << "parameter: " << n << " float32 elements (" << workshop::mib(4.0 * n) << " per tensor); " << rounds
-            << " rounds x " << repeats << " timed calls per variant (median of all), variants interleaved\n\n";
+            << " rounds x " << repeats << " timed calls per variant (median of all), variants interleaved\n";
+  if (device.is_cpu()) {
+    std::cout << "fused loop: " << fusion::cpu_isa_name(fusion::cpu_isa())
+              << " (this CPU's widest: " << fusion::cpu_isa_name(fusion::best_cpu_isa())
+              << "; ATEN_CPU_CAPABILITY=default runs the baseline)\n";
+  }
+  std::cout << "\n";
 
   torch::manual_seed(0);
   const torch::Tensor start = torch::randn({n}, on);
@@ -228,6 +258,7 @@ int run(const workshop::Demo& demo) {
                       [&] { fusion::fused_adamw_(p_fused, grad, m_fused, v_fused, hyper, ++step_fused); }});
   variants.push_back({"fused op (bfloat16 param)", fused16.passes, fused16.total(),
                       [&] { fusion::fused_adamw_(p_bf16, g_bf16, m_bf16, v_bf16, hyper, ++step_bf16); }});
+  add_baseline_isa(variants, start, grad, hyper);
   variants.push_back({"unfused ATen ops", unfused.passes, unfused.total(),
                       [&] { fusion::unfused_adamw_step(p_plain, grad, m_plain, v_plain, hyper, ++step_plain); }});
   variants.push_back({"torch::optim::AdamW", unfused.passes, unfused.total(), [&] { optimizer.step(); }});

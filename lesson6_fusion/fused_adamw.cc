@@ -45,6 +45,7 @@ void adamw_kernel_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp
   // parameters convert the lanes to float and back (c10::BFloat16(float) rounds to nearest); that is enough to
   // pass. The reference (optional for you; the page explains it and what it changed) converts a block of a few
   // hundred elements into float arrays first, runs the float32 loop on them, and converts the block back.
+  // It also compiles its loop twice, for the baseline and for AVX2 (given: cpu_isa() says which runs); optional too.
   TORCH_CHECK(false, "TODO(lesson6, step 2): adamw_kernel_cpu() is not implemented yet");
 }
 // [kernel]

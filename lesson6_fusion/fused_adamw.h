@@ -61,6 +61,27 @@ Traffic fused_adamw_traffic(int64_t numel, c10::ScalarType param_dtype);
 void adamw_kernel_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                       const AdamWHyper& hyper, int64_t step, float grad_multiplier = 1.0f);
 
+/// Given. The instruction sets a CPU kernel may be compiled for, chosen at run time as ATen's DispatchStub chooses
+/// its CPU_CAPABILITY: kBaseline runs on every CPU of the architecture (SSE2 on x86-64: 4 float lanes per
+/// instruction); kAvx2 needs AVX2 and FMA (8 lanes). The reference's step 2 and 4 kernels compile their loop for
+/// both and take cpu_isa()'s; your kernel may ignore it (the checks pass either way, only the speed differs).
+enum class CpuIsa { kBaseline, kAvx2 };
+
+/// Given. The widest instruction set this CPU runs (kAvx2 on an x86-64 with AVX2 and FMA, else kBaseline).
+CpuIsa best_cpu_isa();
+
+/// Given. The instruction set the kernels use now: best_cpu_isa(), unless the environment variable
+/// ATEN_CPU_CAPABILITY is "default" (ATen's own switch: then ATen's kernels and these both run the baseline) or
+/// set_cpu_isa() chose another.
+CpuIsa cpu_isa();
+
+/// Given. Makes the kernels use `isa` from now on (the checks compare the two; the bench measures both). Throws
+/// c10::Error "set_cpu_isa: this CPU cannot run avx2 (it needs AVX2 and FMA)" for an ISA the CPU lacks.
+void set_cpu_isa(CpuIsa isa);
+
+/// Given. "baseline" or "avx2".
+const char* cpu_isa_name(CpuIsa isa);
+
 /// Step 3. Rejects every input the kernel cannot handle, with a c10::Error whose message starts
 /// "fused_adamw_: " and names the problem:
 ///   "param is undefined", "grad is undefined", "exp_avg is undefined", "exp_avg_sq is undefined"

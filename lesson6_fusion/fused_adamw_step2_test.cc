@@ -185,6 +185,41 @@ TEST_CASE("[step2] on 4 ATen threads the kernel runs its pieces in one parallel 
   }
 }
 
+TEST_CASE("[step2] the same bits whichever instruction set runs the loop: the baseline's 4 lanes or AVX2's 8") {
+  // The reference compiles its loop twice and picks one at run time (fused_adamw.h, cpu_isa()). Both must give the
+  // same bits: every operation rounds the same in 4 lanes or 8, unless the compiler fuses a multiply and an add
+  // into one FMA in the AVX2 copy (one rounding instead of two).
+  if (!has_avx2_copy()) return;
+  std::vector<int64_t> sizes = tail_sizes();
+  sizes.push_back(2 * 32768 + 13);
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int64_t n : sizes) {
+      for (const auto& [weight_decay, multiplier] : {std::pair{0.0, 1.0f}, std::pair{0.1, 1.0f / 3}}) {
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(n);
+        CAPTURE(weight_decay);
+        CAPTURE(multiplier);
+        torch::manual_seed(31);
+        const torch::Tensor start = torch::randn({n}).to(dtype);
+        const std::vector<torch::Tensor> grads = {(torch::randn({n}) * 4096).to(dtype), torch::randn({n}).to(dtype),
+                                                  (torch::randn({n}) * 1e-3).to(dtype)};
+        State state[2] = {make_state(start.clone()), make_state(start.clone())};
+        const fusion::CpuIsa isas[2] = {fusion::CpuIsa::kBaseline, fusion::CpuIsa::kAvx2};
+        for (int k = 0; k < 2; ++k) {
+          const IsaFor isa(isas[k]);
+          State& s = state[k];
+          for (const torch::Tensor& grad : grads)
+            fusion::adamw_kernel_cpu(s.param, grad, s.exp_avg, s.exp_avg_sq, hyper_with(1e-2, weight_decay), ++s.step,
+                                     multiplier);
+        }
+        CHECK(torch::equal(state[1].param, state[0].param));
+        CHECK(torch::equal(state[1].exp_avg, state[0].exp_avg));
+        CHECK(torch::equal(state[1].exp_avg_sq, state[0].exp_avg_sq));
+      }
+    }
+  }
+}
+
 TEST_CASE("[step2] the fused kernel allocates nothing: no temporaries, unlike the unfused step") {
   const int64_t n = 1 << 16;
   State s = make_state(torch::randn({n}));

@@ -22,6 +22,24 @@ TEST_CASE("[step4] the multi-tensor op gives every tensor exactly what the singl
   }
 }
 
+TEST_CASE("[step4] the multi-tensor op gives the same bits on the baseline's 4 lanes and on AVX2's 8") {
+  if (!has_avx2_copy()) return;
+  Lists lists[2] = {make_lists(14), make_lists(14)};
+  const fusion::CpuIsa isas[2] = {fusion::CpuIsa::kBaseline, fusion::CpuIsa::kAvx2};
+  for (int k = 0; k < 2; ++k) {
+    const IsaFor isa(isas[k]);
+    Lists& l = lists[k];
+    for (int64_t step = 1; step <= 3; ++step)
+      fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, hyper_with(1e-2, 0.1), step);
+  }
+  for (size_t i = 0; i < lists[0].params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(lists[1].params[i], lists[0].params[i]));
+    CHECK(torch::equal(lists[1].exp_avgs[i], lists[0].exp_avgs[i]));
+    CHECK(torch::equal(lists[1].exp_avg_sqs[i], lists[0].exp_avg_sqs[i]));
+  }
+}
+
 TEST_CASE("[step4] the dispatcher finds workshop::fused_adamw_multi_, and empty tensors are accepted") {
   const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(fusion::kMultiOpName, "");
   std::ostringstream schema;

@@ -119,6 +119,24 @@ class ThreadsFor {
   int saved_;
 };
 
+// Makes the kernels use instruction set `isa` (given code's set_cpu_isa) while it lives, then the one before.
+class IsaFor {
+ public:
+  explicit IsaFor(fusion::CpuIsa isa) : saved_(fusion::cpu_isa()) { fusion::set_cpu_isa(isa); }
+  ~IsaFor() { fusion::set_cpu_isa(saved_); }
+
+ private:
+  fusion::CpuIsa saved_;
+};
+
+// Whether this CPU runs the AVX2 copy of the reference's loop (else the checks that compare the two say why they
+// are skipped).
+inline bool has_avx2_copy() {
+  if (fusion::best_cpu_isa() == fusion::CpuIsa::kAvx2) return true;
+  MESSAGE("skipped: this CPU has no AVX2 with FMA, so the kernels have one instruction set to compare");
+  return false;
+}
+
 // The OpenMP parallel regions entered while counting: LibTorch's OpenMP build enters one per at::parallel_for
 // that runs on several threads (GCC turns `#pragma omp parallel` into a call of libgomp's GOMP_parallel, which the
 // test binary's own definition below counts and forwards).

@@ -1,7 +1,10 @@
 // Given code for lesson 6: nothing to do here. The call of the operator through the dispatcher, and the unfused
 // AdamW step that the lesson fuses (the demo's baseline and the napkin's model). Both the skeleton and the
 // reference solution link this file.
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -72,6 +75,44 @@ void fused_unscale_(const std::vector<at::Tensor>& grads, at::Tensor& found_inf,
   at::NoGradGuard no_grad;
   op.call(grads, found_inf, inv_scale);
 }
+
+namespace {
+
+// -1 until the first cpu_isa() reads the environment; then the CpuIsa in use.
+std::atomic<int> isa_in_use{-1};
+
+}  // namespace
+
+// [cpu_isa]
+CpuIsa best_cpu_isa() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return avx2 ? CpuIsa::kAvx2 : CpuIsa::kBaseline;
+#else
+  return CpuIsa::kBaseline;  // the reference compiles no other variant here
+#endif
+}
+
+CpuIsa cpu_isa() {
+  int isa = isa_in_use.load(std::memory_order_relaxed);
+  if (isa < 0) {
+    const char* capability = std::getenv("ATEN_CPU_CAPABILITY");
+    const bool baseline = capability != nullptr && std::strcmp(capability, "default") == 0;
+    int expected = -1;
+    isa_in_use.compare_exchange_strong(expected, static_cast<int>(baseline ? CpuIsa::kBaseline : best_cpu_isa()));
+    isa = isa_in_use.load(std::memory_order_relaxed);
+  }
+  return static_cast<CpuIsa>(isa);
+}
+
+void set_cpu_isa(CpuIsa isa) {
+  TORCH_CHECK(isa == CpuIsa::kBaseline || best_cpu_isa() == CpuIsa::kAvx2, "set_cpu_isa: this CPU cannot run ",
+              cpu_isa_name(isa), " (it needs AVX2 and FMA)");
+  isa_in_use.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+const char* cpu_isa_name(CpuIsa isa) { return isa == CpuIsa::kAvx2 ? "avx2" : "baseline"; }
+// [cpu_isa]
 
 bool has_cuda_kernel() {
   const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(kOpName, ""));

@@ -18,6 +18,20 @@ decides that pays. Measured with gcc 12 on the reference solution (objdump of th
                                      runs it on several threads only where the file that instantiates it is
                                      compiled with OpenMP (_OPENMP defined). Without the flag every piece ran on
                                      the calling thread (found 2026-12-05: no OpenMP region was ever entered).
+  -ffp-contract=off:                 the reference compiles its loop a second time for AVX2 with FMA (a function
+                                     with __attribute__((target("avx2,fma"))), picked at run time); without the
+                                     flag gcc may fuse a * b + c into one fused multiply-add there, one rounding
+                                     instead of two, and the two copies would no longer give the same bits (nor
+                                     torch::optim::AdamW's, whose kernels multiply and add separately).
+  -mmove-max=256 -mstore-max=256:    (x86-64) let gcc copy 32 bytes with one AVX instruction where the function's
+                                     target has AVX. Vectorized<float>::loadu is a 32-byte memcpy into the
+                                     vector's array; at gcc's generic tuning that copy is two 16-byte moves, and
+                                     the 32-byte read of the array that follows waits for both stores (a failed
+                                     store-to-load forwarding, every load). Measured in the AVX2 copy at 8192
+                                     float32 elements in cache (docs/results/lesson6_experiments.md, 2026-12-06):
+                                     3.3 ns per element with the split copies, slower than the baseline copy's
+                                     0.9; 0.39 to 0.57 with these flags. The baseline copy has no AVX and is
+                                     unchanged. gcc 12 or later.
 These are gcc flags (the toolchain of Debian 12 and 13).
 
 fusion_library() builds one implementation of the lesson (the learner's or the reference) the same way.
@@ -35,7 +49,14 @@ KERNEL_COPTS = [
     "-O3",
     "-fno-math-errno",
     "-fvect-cost-model=unlimited",
+    "-ffp-contract=off",
     "-fopenmp",
+]
+
+# x86-64 only (other gcc targets reject them): see the docstring.
+KERNEL_COPTS_X86_64 = [
+    "-mmove-max=256",
+    "-mstore-max=256",
 ]
 
 GRID_COPTS = [
@@ -82,7 +103,10 @@ def fusion_library(name, srcs, deps):
     native.cc_library(
         name = name,
         srcs = cc,
-        copts = LEARNER_COPTS + KERNEL_COPTS,
+        copts = LEARNER_COPTS + KERNEL_COPTS + select({
+            "@bazel_tools//src/conditions:linux_x86_64": KERNEL_COPTS_X86_64,
+            "//conditions:default": [],
+        }),
         linkopts = CUDA_LINKOPTS + ["-fopenmp"],  # libgomp, the OpenMP runtime LibTorch itself uses
         alwayslink = True,
         deps = deps + ([] if CUDA_KERNELS else [":" + name + "_grid"]),

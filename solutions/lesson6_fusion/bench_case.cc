@@ -3,7 +3,8 @@
 // and bfloat16 parameters), beside PyTorch's torch.optim.AdamW and, where the version has it for the device, its
 // fused AdamW (bench/peer.py "l6"). Each row's rate is its napkin bytes (lesson 6, step 1) over its median time,
 // held against an in-place read and write of as many bytes as the fused float32 step moves, measured in the
-// same run.
+// same run. On a CPU whose fused loop runs the AVX2 copy, the two fused steps again on the baseline instruction
+// set, side by side.
 #include <functional>
 #include <iostream>
 #include <string>
@@ -44,6 +45,19 @@ void lesson6(Context& c) {
   torch::Tensor p_bf16 = start.to(torch::kBFloat16), g_bf16 = grad.to(torch::kBFloat16);
   torch::Tensor m_bf16 = torch::zeros({n}, on), v_bf16 = torch::zeros({n}, on);
   int64_t step_plain = 0, step_fused = 0, step_bf16 = 0;
+  // The same two fused steps on the baseline instruction set, where the CPU runs the AVX2 copy of the loop.
+  torch::Tensor p_base = start.clone(), m_base = torch::zeros({n}, on), v_base = torch::zeros({n}, on);
+  torch::Tensor p_base16 = start.to(torch::kBFloat16), m_base16 = torch::zeros({n}, on),
+                v_base16 = torch::zeros({n}, on);
+  int64_t step_base = 0, step_base16 = 0;
+  const fusion::CpuIsa isa = fusion::cpu_isa();
+  const bool two_isas = c.device.is_cpu() && isa != fusion::CpuIsa::kBaseline;
+  const auto on_baseline = [isa](const std::function<void()>& step) {
+    fusion::set_cpu_isa(fusion::CpuIsa::kBaseline);
+    step();
+    fusion::set_cpu_isa(isa);
+  };
+  const std::string isa_note = c.device.is_cpu() ? std::string(", ") + fusion::cpu_isa_name(isa) + " loop" : "";
   // Step 5's scaler, two ways: GradScaler's unscale_ (one pass that reads and writes every gradient) and then the
   // step on the unscaled gradient, or the scaler's check only (inv_scale 1: read, nothing written) and then the
   // step with grad_scale and found_inf, unscaling in its pass. The first multiplies its gradient in place, so it
@@ -79,7 +93,7 @@ void lesson6(Context& c) {
     std::function<void()> step;
     std::string key;  // the peer's row for the same workload
   };
-  const Variant variants[] = {
+  std::vector<Variant> variants = {
       {"torch::optim::AdamW", unfused, [&] { optimizer.step(); }, "l6.adamw"},
       {"unfused ATen ops", unfused,
        [&] { fusion::unfused_adamw_step(p_plain, grad, m_plain, v_plain, hyper, ++step_plain); }, ""},
@@ -104,7 +118,20 @@ void lesson6(Context& c) {
        },
        ""},
   };
+  if (two_isas) {
+    variants.push_back(
+        {"fused op (float32), baseline ISA", fused,
+         [&] { on_baseline([&] { fusion::fused_adamw_(p_base, grad, m_base, v_base, hyper, ++step_base); }); }, ""});
+    variants.push_back(
+        {"fused op (bfloat16 param), baseline ISA", fused16,
+         [&] {
+           on_baseline([&] { fusion::fused_adamw_(p_base16, g_bf16, m_base16, v_base16, hyper, ++step_base16); });
+         },
+         ""});
+  }
   for (const Variant& v : variants) {
+    const bool baseline = v.name.find("baseline ISA") != std::string::npos;
+    const bool fused_row = v.name.rfind("fused op", 0) == 0 || v.name.rfind("scaler", 0) == 0;
     const auto t = workshop::time_repeated(c.device, v.step, warmup, repeats);
     Row row{"lesson 6: AdamW step (" + workshop::mib(4.0 * n) + ")",
             v.name,
@@ -114,7 +141,10 @@ void lesson6(Context& c) {
             ceiling,
             0,
             std::to_string(v.traffic.passes) + " pass(es), napkin " +
-                workshop::mib(static_cast<double>(v.traffic.total())) + " read+written",
+                workshop::mib(static_cast<double>(v.traffic.total())) + " read+written" +
+                (baseline    ? ", baseline loop"
+                 : fused_row ? isa_note
+                             : ""),
             v.key};
     c.rows.push_back(row);
   }

@@ -20,6 +20,11 @@ MUTANTS = [
      "const int64_t state = param;",
      "the fused napkin gives the state the parameter's dtype (it is float32)"),
     # ---- step 2: the kernel -----------------------------------------------------------------------------
+    ("l6_fma_contracted", "lesson6_fusion/kernel_copts.bzl",
+     '    "-fvect-cost-model=unlimited",\n    "-ffp-contract=off",',
+     '    "-fvect-cost-model=unlimited",\n    "-ffp-contract=fast",',
+     "gcc may fuse a * b + c into one FMA in the AVX2 copy of the loop: one rounding where the baseline copy "
+     "and torch::optim::AdamW round twice"),
     ("l6_no_bias_correction", L6,
      "c.neg_step_size = static_cast<float>(-h.lr / bias_correction1);",
      "c.neg_step_size = static_cast<float>(-h.lr);",
@@ -218,8 +223,8 @@ MUTANTS = [
      "    narrow(param, p + b, kBlock);\n",
      "the last block of a 16-bit range is written back whole: it writes past the parameter's end"),
     ("l6_float_tail_overread", L6,
-     "Vec load(const float* src, int64_t count) { return count == Vec::size() ? Vec::loadu(src) : Vec::loadu(src, count); }",
-     "Vec load(const float* src, int64_t count) { return Vec::loadu(src); }",
+     "  return count == Vec::size() ? Vec::loadu(src) : Vec::loadu(src, count);",
+     "  return Vec::loadu(src);",
      "every float32 vector is loaded whole: the last one reads past the tensor's end (only the store is counted)"),
     # ---- step 5: the scaler inside the AdamW pass (grad_scale, found_inf) ----------------------------------
     ("l6_scaled_grad_written_back", L6,

@@ -60,6 +60,8 @@ for patch in "${selected[@]}"; do
   name=$(basename "$patch" .patch)
   why=$(sed -n 's/^Mutant: //p' "$patch" | head -1)
   lesson=$(sed -n 's|^+++ b/solutions/\([^/]*\)/.*|\1|p' "$patch" | head -1)
+  # A mutant of a lesson's build file (its compiler flags, in lessonN_topic/): that lesson's reference checks.
+  [ -n "$lesson" ] || lesson=$(sed -n 's|^+++ b/\(lesson[0-9]*_[^/]*\)/.*|\1|p' "$patch" | head -1)
   target=$(sed -n 's/^Target: //p' "$patch" | head -1)
   [ -n "$target" ] || target="//solutions/$lesson:all"
   file=$(sed -n 's|^+++ b/||p' "$patch" | head -1)
