@@ -66,7 +66,7 @@ void fused_adamw_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
   check_adamw_args(param, grad, exp_avg, exp_avg_sq, hyper, step);
   ScalerGate gate;  // step 5's scaler, only when the caller passed it
-  const bool scaler = (grad_scale && grad_scale->defined()) || (found_inf && found_inf->defined());
+  const bool scaler = is_given(grad_scale) || is_given(found_inf);
   if (scaler) gate = scaler_gate_cpu("fused_adamw_", param, grad_scale, found_inf);
   if (gate.skip) return;
   adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, step, gate.grad_multiplier);
@@ -112,7 +112,7 @@ void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::T
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
   check_adamw_multi_args(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
   ScalerGate gate;  // step 5's scaler, only when the caller passed it (and there is a parameter to hold it to)
-  const bool scaler = (grad_scale && grad_scale->defined()) || (found_inf && found_inf->defined());
+  const bool scaler = is_given(grad_scale) || is_given(found_inf);
   if (scaler && !params.empty()) gate = scaler_gate_cpu("fused_adamw_multi_", params[0], grad_scale, found_inf);
   if (gate.skip) return;
   adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, step, gate.grad_multiplier);
@@ -155,7 +155,7 @@ void fused_unscale_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, c
 // [scaler_gate]
 void check_scaler_args(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
                        const c10::optional<at::Tensor>& found_inf) {
-  // TODO(lesson6, step 5): The rules of fused_adamw.h for each of the two that is given and defined, grad_scale
+  // TODO(lesson6, step 5): The rules of fused_adamw.h for each of the two that is_given() (given code), grad_scale
   // first: one element of float32, then on param's device. Each message starts with `op`.
   TORCH_CHECK(false, "TODO(lesson6, step 5): check_scaler_args() is not implemented yet");
 }

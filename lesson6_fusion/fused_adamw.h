@@ -170,6 +170,10 @@ struct ScalerGate {
   float grad_multiplier = 1.0f;  ///< float(1 / double(grad_scale)), 1 without grad_scale
 };
 
+/// Given. Whether an optional tensor argument was given: present and defined (an undefined tensor counts as not
+/// given, as the dispatcher may pass one for None).
+bool is_given(const c10::optional<at::Tensor>& t);
+
 /// Step 5. The rules for the scaler's tensors of `op` ("fused_adamw_" or "fused_adamw_multi_"), each given one
 /// (an undefined tensor counts as not given) in this order, grad_scale first, a c10::Error whose message starts
 /// "<op>: " and ends with what it got:

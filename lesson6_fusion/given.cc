@@ -114,6 +114,8 @@ void set_cpu_isa(CpuIsa isa) {
 const char* cpu_isa_name(CpuIsa isa) { return isa == CpuIsa::kAvx2 ? "avx2" : "baseline"; }
 // [cpu_isa]
 
+bool is_given(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
 bool has_cuda_kernel() {
   const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(kOpName, ""));
   return op.has_value() && op->hasKernelForDispatchKey(c10::DispatchKey::CUDA);

@@ -42,8 +42,8 @@ struct ScalerPointers {
 ScalerPointers scaler_pointers(const c10::optional<at::Tensor>& grad_scale,
                                const c10::optional<at::Tensor>& found_inf) {
   ScalerPointers pointers;
-  if (grad_scale && grad_scale->defined()) pointers.grad_scale = grad_scale->data_ptr<float>();
-  if (found_inf && found_inf->defined()) pointers.found_inf = found_inf->data_ptr<float>();
+  if (is_given(grad_scale)) pointers.grad_scale = grad_scale->data_ptr<float>();
+  if (is_given(found_inf)) pointers.found_inf = found_inf->data_ptr<float>();
   return pointers;
 }
 

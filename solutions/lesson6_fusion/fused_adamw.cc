@@ -384,7 +384,7 @@ void fused_adamw_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
   check_adamw_args(param, grad, exp_avg, exp_avg_sq, hyper, step);
   ScalerGate gate;  // step 5's scaler, only when the caller passed it
-  const bool scaler = (grad_scale && grad_scale->defined()) || (found_inf && found_inf->defined());
+  const bool scaler = is_given(grad_scale) || is_given(found_inf);
   if (scaler) gate = scaler_gate_cpu("fused_adamw_", param, grad_scale, found_inf);
   if (gate.skip) return;
   adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, step, gate.grad_multiplier);
@@ -523,7 +523,7 @@ void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::T
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
   check_adamw_multi_args(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
   ScalerGate gate;  // step 5's scaler, only when the caller passed it (and there is a parameter to hold it to)
-  const bool scaler = (grad_scale && grad_scale->defined()) || (found_inf && found_inf->defined());
+  const bool scaler = is_given(grad_scale) || is_given(found_inf);
   if (scaler && !params.empty()) gate = scaler_gate_cpu("fused_adamw_multi_", params[0], grad_scale, found_inf);
   if (gate.skip) return;
   adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, step, gate.grad_multiplier);
@@ -659,8 +659,8 @@ void check_scaler_tensor(const char* op, const char* name, const at::Tensor& par
 
 void check_scaler_args(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
                        const c10::optional<at::Tensor>& found_inf) {
-  if (grad_scale && grad_scale->defined()) check_scaler_tensor(op, "grad_scale", param, *grad_scale);
-  if (found_inf && found_inf->defined()) check_scaler_tensor(op, "found_inf", param, *found_inf);
+  if (is_given(grad_scale)) check_scaler_tensor(op, "grad_scale", param, *grad_scale);
+  if (is_given(found_inf)) check_scaler_tensor(op, "found_inf", param, *found_inf);
 }
 
 ScalerGate scaler_gate_cpu(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
@@ -668,8 +668,8 @@ ScalerGate scaler_gate_cpu(const char* op, const at::Tensor& param, const c10::o
   check_scaler_args(op, param, grad_scale, found_inf);
   ScalerGate gate;
   // Any flag that is not 0 skips (ATen's kernel skips on exactly 1): a flag summed over ranks counts too.
-  gate.skip = found_inf && found_inf->defined() && *found_inf->data_ptr<float>() != 0.0f;
-  if (gate.skip || !(grad_scale && grad_scale->defined())) return gate;
+  gate.skip = is_given(found_inf) && *found_inf->data_ptr<float>() != 0.0f;
+  if (gate.skip || !is_given(grad_scale)) return gate;
   const float scale = *grad_scale->data_ptr<float>();
   TORCH_CHECK(std::isfinite(scale) && scale > 0, op, ": grad_scale must be finite and > 0, got ", scale);
   gate.grad_multiplier = static_cast<float>(1.0 / static_cast<double>(scale));  // GradScaler's inv_scale, exactly

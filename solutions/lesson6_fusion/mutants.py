@@ -244,7 +244,7 @@ MUTANTS = [
      "*found_inf->data_ptr<float>() == 1.0f;",
      "only a flag of exactly 1 skips (ATen's rule): a flag summed over ranks (2) or NaN steps on bad gradients"),
     ("l6_scaled_flag_ignored", L6,
-     "  gate.skip = found_inf && found_inf->defined() && *found_inf->data_ptr<float>() != 0.0f;\n",
+     "  gate.skip = is_given(found_inf) && *found_inf->data_ptr<float>() != 0.0f;\n",
      "",
      "found_inf is checked but never read: the step runs after an overflow"),
     ("l6_scaled_bad_scale_accepted", L6,
