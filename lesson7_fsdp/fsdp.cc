@@ -128,6 +128,8 @@ struct ShardedStack::State {
   /// Per layer: the autograd node of its last forward while that forward's backward has not run (held weakly:
   /// expired once the graph is gone, as after a backward or when the output is dropped).
   std::vector<std::weak_ptr<torch::autograd::Node>> awaiting_backward;
+  /// Layers backpropagated on this rank since the last finish(): forward() refuses to start while it is not 0.
+  int64_t backwards_since_finish = 0;
 };
 
 ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
@@ -162,11 +164,20 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
   // The agreements (fsdp.h): a record of 8 int64 all-gathered (comm.all_gather) before the forward's first gather
   // (layer count, LayerFn count, elements, a fingerprint of the shapes, and what this rank found wrong: lists of
   // different lengths, a shard that is not a leaf requiring grad, a shard listed twice (is_same), a layer whose
-  // node in state_->awaiting_backward has not expired) and before each layer's backward takes its buffer (the
-  // layer). Throw the same error on every rank when any record names an error or the records differ. Note each
-  // layer's node (the output's grad_fn()) in state_->awaiting_backward; reset it in the layer's backward. Recompute
-  // with allow_unused, as in step 3.
+  // node in state_->awaiting_backward has not expired, a backward since the last finish():
+  // state_->backwards_since_finish > 0) and before each layer's backward takes its buffer (the layer). Throw the
+  // same error on every rank when any record names an error or the records differ. Note each layer's node (the
+  // output's grad_fn()) in state_->awaiting_backward; reset it in the layer's backward and count the backward in
+  // state_->backwards_since_finish. Recompute with allow_unused, as in step 3.
   TORCH_CHECK(false, "TODO(lesson7, step 4): ShardedStack::forward() is not implemented yet");
+}
+
+void ShardedStack::finish() {
+  // TODO(lesson7, step 4): set state_->backwards_since_finish to 0, then one more agreement: a record that says
+  // "finish()". A rank whose backward never reached the stack is here while its peers agree before a layer's
+  // backward: the records differ, and every rank throws "layer L got no gradient on rank r (it is in finish()
+  // instead ...)". Records that match nothing else: "the ranks are at different calls".
+  TORCH_CHECK(false, "TODO(lesson7, step 4): ShardedStack::finish() is not implemented yet");
 }
 // [sharded_stack]
 

@@ -128,10 +128,11 @@ PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag);
 /// listed twice: a layer runs once per forward) and "was gathered twice before its backward" (a forward while
 /// the previous forward's graph still waits for its backward). Records that differ: "the models differ across
 /// ranks" (layer counts, sizes or shapes) and "layer L got no gradient on rank r" (the rank's loss does not
-/// depend on layer L: its backward never reaches L, and it is elsewhere, e.g. in its next forward, when its
-/// peers start L's backward; a rank that makes no further call leaves them to the timeout). A layer function
-/// that does not use its parameters (or its input) on some rank is no fault: that rank's gradient is zeros,
-/// and it joins the reduce-scatter like the others.
+/// depend on layer L: its backward never reaches L, and it is elsewhere, in its finish() or its next forward,
+/// when its peers start L's backward). A layer function that does not use its parameters (or its input) on some
+/// rank is no fault: that rank's gradient is zeros, and it joins the reduce-scatter like the others.
+///
+/// One step: forward(), the backward, finish() (as lesson 5's Reducer), then the optimizer's step.
 class ShardedStack {
  public:
   ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch = true);
@@ -140,6 +141,13 @@ class ShardedStack {
   at::Tensor forward(const at::Tensor& x);
   /// The most gathered buffers that were alive at once when a layer computed (forward or backward), so far.
   int max_alive() const;
+  /// After every backward, on every rank: one more agreement (a record that says "finish()"), so that a rank
+  /// whose backward never reached the stack meets its peers' record for a layer's backward here, and every rank
+  /// throws "layer L got no gradient on rank r (it is in finish() instead ...)" at once, even when that rank
+  /// makes no call after it. forward() after a backward without finish() puts "finish() was not called after
+  /// the previous backward" into its record (every rank throws it). Ranks at calls that match nothing else
+  /// (finish() on one, a forward on another, no backward in between): "the ranks are at different calls".
+  void finish();
 
   struct State;  ///< what the forward and the backward share (defined in fsdp.cc)
 

@@ -251,6 +251,8 @@ struct ShardedStack::State {
   /// Per layer: the autograd node of its last forward while that forward's backward has not run (held weakly:
   /// expired once the graph is gone, as after a backward or when the output is dropped).
   std::vector<std::weak_ptr<torch::autograd::Node>> awaiting_backward;
+  /// Layers backpropagated on this rank since the last finish(): forward() refuses to start while it is not 0.
+  int64_t backwards_since_finish = 0;
 };
 
 ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
@@ -293,12 +295,20 @@ constexpr int kPrefetchTag = 1 << 16;  // + layer: apart from the rings' tags (0
 // rank says what it is about to do in one all-gather of a record of kRecord int64. Every rank then sees every
 // rank's record and throws the same error, instead of waiting in a gather or a reduce-scatter that a peer never
 // joins. A record: {phase, a, b, c, d, error, error_layer, error_other}.
-enum Phase : int64_t { kForwardPhase = 1, kBackwardPhase = 2 };
-enum LocalError : int64_t { kNoError = 0, kFnCount = 1, kNotLeaf = 2, kListedTwice = 3, kGatheredTwice = 4 };
+enum Phase : int64_t { kForwardPhase = 1, kBackwardPhase = 2, kFinishPhase = 3 };
+enum LocalError : int64_t {
+  kNoError = 0,
+  kFnCount = 1,
+  kNotLeaf = 2,
+  kListedTwice = 3,
+  kGatheredTwice = 4,
+  kNotFinished = 5
+};
 constexpr int64_t kRecord = 8;
 
 std::string doing(const std::vector<int64_t>& rec) {
   if (rec[0] == kForwardPhase) return c10::str("a forward of ", rec[1], " layers (", rec[3], " elements)");
+  if (rec[0] == kFinishPhase) return "finish()";
   return c10::str("layer ", rec[1], "'s backward");
 }
 
@@ -312,6 +322,9 @@ std::string local_error(const std::vector<int64_t>& rec) {
       return c10::str("layer ", rec[6], " is layer ", rec[7],
                       " again (the same shard): a layer runs once per forward, and an optimizer, a checkpoint or "
                       "full_state given every shard would take it twice");
+    case kNotFinished:
+      return c10::str("finish() was not called after the previous backward (", rec[6],
+                      " layers backpropagated since): call it after every backward, on every rank");
     default:
       return c10::str("layer ", rec[6], " was gathered twice before its backward: the previous forward's graph ",
                       "still waits for its backward (a layer runs once per forward; backpropagate first, or run "
@@ -343,6 +356,8 @@ void agree(ShardedStack::State& s, std::vector<int64_t> mine) {
   for (const auto& rec : all) {
     if (rec[0] == kBackwardPhase) layer = std::max(layer, rec[1]);
   }
+  TORCH_CHECK(layer >= 0, "ShardedStack: the ranks are at different calls (", ranks,
+              "): every rank must call forward(), backpropagate and call finish() alike");
   size_t missing = 0;
   while (missing + 1 < all.size() && all[missing][0] == kBackwardPhase && all[missing][1] == layer) ++missing;
   const std::string why = c10::str("it is in ", doing(all[missing]), " instead: its loss does not depend on the layer");
@@ -405,6 +420,7 @@ struct StackLayer : public torch::autograd::Function<StackLayer> {
     auto* s = reinterpret_cast<ShardedStack::State*>(ctx->saved_data["state"].toInt());
     const int64_t layer = ctx->saved_data["layer"].toInt();
     s->awaiting_backward[layer].reset();
+    s->backwards_since_finish += 1;
     // Every rank is about to backpropagate through this layer, or every rank learns which one is not.
     agree(*s, {kBackwardPhase, layer});
     const at::Tensor x = ctx->get_saved_variables()[0];
@@ -452,6 +468,7 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
     record[6] = static_cast<int64_t>(layer);
     record[7] = static_cast<int64_t>(other);
   };
+  if (s.backwards_since_finish > 0) fail(kNotFinished, static_cast<size_t>(s.backwards_since_finish), 0);
   if (s.fns.size() != s.flats.size()) fail(kFnCount, 0, 0);
   for (size_t l = 0; l < s.flats.size(); ++l) {
     const at::Tensor& shard = s.flats[l].shard;
@@ -469,6 +486,14 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
     if (h.grad_fn()) s.awaiting_backward[l] = h.grad_fn();
   }
   return h;
+}
+
+void ShardedStack::finish() {
+  State& s = *state_;
+  s.backwards_since_finish = 0;
+  // A rank whose backward never reached the stack comes here while its peers wait before a layer's backward: the
+  // records differ, and every rank learns which layer got no gradient where, instead of waiting for the timeout.
+  agree(s, {kFinishPhase});
 }
 // [sharded_stack]
 
