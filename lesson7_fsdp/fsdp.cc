@@ -95,16 +95,35 @@ at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat) {
 }
 // [gather_full]
 
+// [agree_on_layer]
+void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::ScalarType param_dtype,
+                    at::ScalarType reduce_dtype) {
+  // TODO(lesson7, step 3): find what is wrong with this rank's arguments, in this order, as a number (0: nothing):
+  // a FlatParam of another rank or world size than comm's ("was made for rank"), in the forward a shard that is
+  // not a leaf that requires grad ("requires grad"), a param_dtype other than float32, bfloat16 and float16
+  // ("param_dtype must be float32, bfloat16 or float16"), a reduce_dtype other than float32 and the param_dtype
+  // ("reduce_dtype must be float32 or the param_dtype"). Do NOT throw yet: your peers would wait for you. Put
+  // it in a record of 8 int64 with the phase, flat.rank, flat.world_size, flat.numel, a fingerprint of
+  // flat.shapes (a hash of every dimension), and the two dtypes (static_cast<int64_t>), and all-gather the
+  // records (comm.all_gather of an at::kLong tensor). Then on every rank alike: throw "on rank r: " and the
+  // message of the first record that names an error; throw "the ranks disagree on the layer they are about to
+  // gather" (with each rank's call) when the records differ in anything but flat.rank.
+  TORCH_CHECK(false, "TODO(lesson7, step 3): agree_on_layer() is not implemented yet");
+}
+// [agree_on_layer]
+
 // [sharded_forward]
 at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x) {
-  // TODO(lesson7, step 3): refuse a shard that is not a leaf that requires grad ("requires grad"). Then write a
-  // custom autograd function (struct L : torch::autograd::Function<L>, static forward and backward; call it with
-  // L::apply(x, flat.shard, &comm, &flat, &fn)). Its forward saves x, gathers the full buffer, returns
-  // fn(x, unflatten(...)) and lets the buffer go. Its backward gathers again, recomputes fn with autograd on
-  // (at::AutoGradMode) from a leaf copy of the buffer, takes torch::autograd::grad of it (and of x where
-  // ctx->needs_input_grad(0); with allow_unused, and zeros for the buffer's gradient where fn did not use the
-  // parameters on this rank), divides the buffer's gradient by N, reduce-scatters it into a new shard-sized
-  // tensor and returns {grad of x, that shard gradient, and an undefined tensor for each of the other inputs}.
+  // TODO(lesson7, step 3): write a custom autograd function (struct L : torch::autograd::Function<L>, static
+  // forward and backward; call it with L::apply(x, flat.shard, &comm, &flat, &fn)). Its forward saves x, agrees
+  // (agree_on_layer, forward: that also refuses a shard that does not require grad, on every rank), gathers the
+  // full buffer, returns fn(x, unflatten(...)) and lets the buffer go. Its backward agrees (agree_on_layer,
+  // backward: a rank whose loss skips the layer is elsewhere, and every rank learns it), gathers again,
+  // recomputes fn with autograd on (at::AutoGradMode) from a leaf copy of the buffer, takes
+  // torch::autograd::grad of it (and of x where ctx->needs_input_grad(0); with allow_unused, and zeros for the
+  // buffer's gradient where fn did not use the parameters on this rank), divides the buffer's gradient by N,
+  // reduce-scatters it into a new shard-sized tensor and returns {grad of x, that shard gradient, and an
+  // undefined tensor for each of the other inputs}.
   TORCH_CHECK(false, "TODO(lesson7, step 3): sharded_forward() is not implemented yet");
 }
 // [sharded_forward]
@@ -197,12 +216,14 @@ at::Tensor gather_full_as(dist::Comm& comm, const FlatParam& flat, at::ScalarTyp
 
 at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x,
                                  const MixedPrecision& mp) {
-  // TODO(lesson7, step 5): check_mixed_precision(mp) and step 3's "requires grad" check first. Then step 3's
-  // autograd function with three casts (pass mp by value to apply; keep its dtypes in ctx->saved_data as
-  // integers): the forward gathers with gather_full_as(..., mp.param_dtype) and computes on x.to(param_dtype);
-  // the backward gathers the same way, recomputes from x cast to param_dtype, casts the buffer's gradient to
-  // mp.reduce_dtype, divides it by N, reduce-scatters it in reduce_dtype and returns it cast to float32 (and x's
-  // gradient in x's dtype).
+  // TODO(lesson7, step 5): step 3's autograd function with three casts (pass mp by value to apply; keep its
+  // dtypes in ctx->saved_data as integers). Its forward agrees first, with mp's dtypes (agree_on_layer(..., false,
+  // mp.param_dtype, mp.reduce_dtype): it refuses bad dtypes and a shard that does not require grad on every rank,
+  // and ranks whose dtypes differ), gathers with gather_full_as(..., mp.param_dtype) and computes on
+  // x.to(param_dtype); the backward agrees (backward, the same dtypes), gathers the same way, recomputes from x
+  // cast to param_dtype (allow_unused, zeros where the buffer's gradient is undefined, as in step 3), casts the
+  // buffer's gradient to mp.reduce_dtype, divides it by N, reduce-scatters it in reduce_dtype and returns it cast
+  // to float32 (and x's gradient, where defined, in x's dtype).
   TORCH_CHECK(false, "TODO(lesson7, step 5): sharded_forward_mixed() is not implemented yet");
 }
 // [mixed_precision]

@@ -85,16 +85,37 @@ at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat);
 /// What one layer computes from its input and its parameters (the views unflatten makes, in order).
 using LayerFn = std::function<at::Tensor(const at::Tensor& x, const std::vector<at::Tensor>& params)>;
 
-/// Step 3: runs one layer on sharded parameters, as FSDP does. Forward: gathers the full flat buffer
-/// (gather_full), computes fn(x, unflatten(...)), frees the full buffer before returning (nothing of it is
-/// kept). Backward (autograd calls it when the loss is backpropagated): gathers again, recomputes the layer
-/// with autograd to get the gradients of x and of the flat buffer, divides the flat gradient by N and
-/// reduce-scatters it into flat.shard's grad (accumulated like any leaf's .grad), and frees the buffer again.
-/// Per call and per backward: two all-gathers and one reduce-scatter of padded_numel floats, nothing else.
-/// Where fn does not use the parameters on this rank, their gradient here is zeros (autograd::grad with
-/// allow_unused), and this rank joins the reduce-scatter like the others instead of throwing alone.
-/// `comm`, `flat` and `fn` must outlive the backward. Throws "requires grad" when flat.shard is not a leaf
-/// that requires grad.
+/// Step 3: the ranks agree before each gather of a layer (sharded_forward's forward and backward, and step 5's
+/// sharded_forward_mixed), so that ranks that are not at the same layer fail at once, by name, on EVERY rank,
+/// instead of waiting in a ring for a peer that is elsewhere until the timeout (or, when the rings' messages
+/// differ in size, Gloo aborting the process). Every rank all-gathers (comm.all_gather) a record of 8 int64:
+/// the phase (forward, or backward when `backward`), flat.rank and flat.world_size, flat.numel, a fingerprint of
+/// flat.shapes, `param_dtype` (the gather's dtype) and `reduce_dtype` (the reduce-scatter's; step 3 passes
+/// float32 for both), and what this rank found wrong with its own arguments, checked in this order and put
+/// into the record instead of thrown alone: a FlatParam made for another rank or world size ("was made for
+/// rank"), in the forward a shard that is not a leaf that requires grad ("requires grad"), a param_dtype
+/// other than float32, bfloat16 and float16 ("param_dtype must be float32, bfloat16 or float16"), a
+/// reduce_dtype other than float32 and the param_dtype ("reduce_dtype must be float32 or the param_dtype").
+/// Every rank then throws "on rank r: " and the first rank's finding; or, when the records differ in anything
+/// but flat.rank, "the ranks disagree on the layer they are about to gather", listing each rank's call: a rank
+/// whose loss skips a layer that another rank's loss uses is in another layer's backward, or its next forward,
+/// when its peers start that layer's backward. Layers of the same shapes look alike here (ShardedStack, step 4,
+/// knows each layer's index); a rank that skips a layer's backward and makes no further call of these is left
+/// to the timeout.
+void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::ScalarType param_dtype = at::kFloat,
+                    at::ScalarType reduce_dtype = at::kFloat);
+
+/// Step 3: runs one layer on sharded parameters, as FSDP does. Forward: agree_on_layer, then gathers the full
+/// flat buffer (gather_full), computes fn(x, unflatten(...)), frees the full buffer before returning (nothing of
+/// it is kept). Backward (autograd calls it when the loss is backpropagated): agree_on_layer (backward), gathers
+/// again, recomputes the layer with autograd to get the gradients of x and of the flat buffer, divides the flat
+/// gradient by N and reduce-scatters it into flat.shard's grad (accumulated like any leaf's .grad), and frees
+/// the buffer again. Per call and per backward: two all-gathers and one reduce-scatter of padded_numel floats,
+/// and the two agreements (all-gathers of 64 bytes per rank), nothing else. Where fn does not use the
+/// parameters on this rank, their gradient here is zeros (autograd::grad with allow_unused), and this rank joins
+/// the reduce-scatter like the others instead of throwing alone. `comm`, `flat` and `fn` must outlive the
+/// backward. Throws, on every rank, agree_on_layer's errors ("requires grad" when flat.shard is not a leaf that
+/// requires grad on some rank).
 at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x);
 // [api_layer]
 
@@ -176,12 +197,14 @@ void check_mixed_precision(const MixedPrecision& mp);
 /// buffer of flat.padded_numel elements of `dtype`. Throws "was made for rank" like gather_full.
 at::Tensor gather_full_as(dist::Comm& comm, const FlatParam& flat, at::ScalarType dtype);
 
-/// Step 5: sharded_forward in mixed precision. Forward: check_mixed_precision (before any traffic), gather in
-/// mp.param_dtype (gather_full_as), compute fn(x cast to param_dtype, the views): the result is param_dtype.
-/// Backward: gather again in param_dtype, recompute with autograd, cast the flat gradient to mp.reduce_dtype,
-/// divide it by N and reduce-scatter it in reduce_dtype; the shard's gradient is that, cast to float32 (the
-/// optimizer sees float32 only); x's gradient comes back in x's dtype. flat.shard stays float32, never rounded.
-/// The same rules as sharded_forward ("requires grad").
+/// Step 5: sharded_forward in mixed precision. Forward: agree_on_layer with mp's dtypes (which also refuses, on
+/// every rank, what check_mixed_precision refuses), gather in mp.param_dtype (gather_full_as), compute fn(x cast
+/// to param_dtype, the views): the result is param_dtype. Backward: agree_on_layer (backward, mp's dtypes),
+/// gather again in param_dtype, recompute with autograd (allow_unused: zeros where fn ignores the parameters
+/// on this rank), cast the flat gradient to mp.reduce_dtype, divide it by N and reduce-scatter it in
+/// reduce_dtype; the shard's gradient is that, cast to float32 (the optimizer sees float32 only); x's gradient
+/// comes back in x's dtype. flat.shard stays float32, never rounded. The same rules as sharded_forward
+/// ("requires grad"); ranks whose mp differ fail with "the ranks disagree on the layer".
 at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x,
                                  const MixedPrecision& mp);
 

@@ -176,6 +176,92 @@ at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat) {
 }
 // [gather_full]
 
+// [agree_on_layer]
+namespace {
+
+// What a rank found wrong with its own arguments: it goes into the record, so that every rank throws it.
+enum LayerError : int64_t { kLayerOk = 0, kOtherRank = 1, kShardNotLeaf = 2, kBadParamDtype = 3, kBadReduceDtype = 4 };
+
+// A fingerprint of one layer's parameter shapes (FNV-1a over the dimensions).
+int64_t shapes_fingerprint(const FlatParam& flat) {
+  uint64_t h = 1469598103934665603ull;
+  const auto mix = [&h](int64_t v) { h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
+  for (const auto& shape : flat.shapes) {
+    mix(static_cast<int64_t>(shape.size()));
+    for (const int64_t d : shape) mix(d);
+  }
+  return static_cast<int64_t>(h >> 1);
+}
+
+// A record: {phase (1 forward, 2 backward), flat.rank, flat.world_size, numel, fingerprint, param dtype, reduce
+// dtype, error}.
+std::string layer_call(const std::vector<int64_t>& rec) {
+  return c10::str(rec[0] == 2 ? "the backward" : "the forward", " of a layer of ", rec[3], " elements (shapes #",
+                  rec[4] % 10000, "), gathered in ", static_cast<at::ScalarType>(rec[5]), ", reduced in ",
+                  static_cast<at::ScalarType>(rec[6]));
+}
+
+std::string layer_error(const std::vector<int64_t>& rec, size_t rank, int world_size) {
+  switch (rec[7]) {
+    case kOtherRank:
+      return c10::str("the FlatParam was made for rank ", rec[1], " of ", rec[2], ", but this is rank ", rank, " of ",
+                      world_size);
+    case kShardNotLeaf:
+      return "the layer's shard must be a leaf that requires grad (flatten_and_shard makes it one)";
+    case kBadParamDtype:
+      return c10::str("MixedPrecision: param_dtype must be float32, bfloat16 or float16, got ",
+                      static_cast<at::ScalarType>(rec[5]));
+    default:
+      return c10::str("MixedPrecision: reduce_dtype must be float32 or the param_dtype (",
+                      static_cast<at::ScalarType>(rec[5]), "), got ", static_cast<at::ScalarType>(rec[6]));
+  }
+}
+
+}  // namespace
+
+void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::ScalarType param_dtype,
+                    at::ScalarType reduce_dtype) {
+  // This rank's own findings go into its record, not into a throw of its own: its peers would wait here for it.
+  int64_t error = kLayerOk;
+  if (flat.rank != comm.rank() || flat.world_size != comm.world_size()) {
+    error = kOtherRank;
+  } else if (!backward && !(flat.shard.defined() && flat.shard.is_leaf() && flat.shard.requires_grad())) {
+    error = kShardNotLeaf;
+  } else if (param_dtype != at::kFloat && param_dtype != at::kBFloat16 && param_dtype != at::kHalf) {
+    error = kBadParamDtype;
+  } else if (reduce_dtype != at::kFloat && reduce_dtype != param_dtype) {
+    error = kBadReduceDtype;
+  }
+  const std::vector<int64_t> mine{backward ? 2 : 1,
+                                  flat.rank,
+                                  flat.world_size,
+                                  flat.numel,
+                                  shapes_fingerprint(flat),
+                                  static_cast<int64_t>(param_dtype),
+                                  static_cast<int64_t>(reduce_dtype),
+                                  error};
+  std::vector<std::vector<int64_t>> all;
+  for (const at::Tensor& t : comm.all_gather(at::tensor(mine, at::kLong))) {
+    const at::Tensor c = t.contiguous();
+    all.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  for (size_t r = 0; r < all.size(); ++r) {
+    TORCH_CHECK(all[r][7] == kLayerOk, "agree_on_layer: on rank ", r, ": ", layer_error(all[r], r, comm.world_size()));
+  }
+  // The same call everywhere: every slot but the FlatParam's rank (slot 1) is the same on every rank.
+  bool same = true;
+  for (const auto& rec : all) {
+    for (size_t i = 0; i < rec.size(); ++i) same = same && (i == 1 || rec[i] == all[0][i]);
+  }
+  if (same) return;
+  std::string ranks;
+  for (size_t r = 0; r < all.size(); ++r) ranks += c10::str(r ? "; " : "", "rank ", r, ": ", layer_call(all[r]));
+  TORCH_CHECK(false, "agree_on_layer: the ranks disagree on the layer they are about to gather (", ranks,
+              "): every rank must run the same layers in the same order, in the same dtypes, and backpropagate "
+              "through each of them (a layer that one rank's loss skips gets no gradient there)");
+}
+// [agree_on_layer]
+
 // [sharded_forward]
 namespace {
 
@@ -189,6 +275,7 @@ struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
     ctx->saved_data["flat"] = reinterpret_cast<int64_t>(flat);
     ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
     ctx->save_for_backward({x});
+    agree_on_layer(*comm, *flat, false);  // every rank is about to gather this layer, or every rank learns why not
     const at::Tensor full = gather_full(*comm, *flat);
     return (*fn)(x, unflatten(*flat, full));
     // `full` and its views end here: nothing of the gathered buffer outlives the forward.
@@ -201,6 +288,8 @@ struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
     const auto* fn = reinterpret_cast<const LayerFn*>(ctx->saved_data["fn"].toInt());
     const at::Tensor x = ctx->get_saved_variables()[0];
     const bool needs_x = ctx->needs_input_grad(0);
+    // A rank whose loss skips this layer is in another layer's agreement (or its next forward's): named, not a wait.
+    agree_on_layer(*comm, *flat, true);
     // Gather again (the forward freed it) and recompute the layer with autograd on, from the saved input.
     const at::Tensor full = gather_full(*comm, *flat).requires_grad_(true);
     const at::Tensor x_in = x.detach().requires_grad_(needs_x);
@@ -226,8 +315,7 @@ struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
 }  // namespace
 
 at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x) {
-  TORCH_CHECK(flat.shard.defined() && flat.shard.is_leaf() && flat.shard.requires_grad(),
-              "sharded_forward: flat.shard must be a leaf that requires grad (flatten_and_shard makes it one)");
+  // A shard that does not require grad is refused in the forward's agreement, on every rank.
   return ShardedLayer::apply(x, flat.shard, &comm, &flat, &fn);
 }
 // [sharded_forward]
@@ -528,6 +616,7 @@ struct MixedLayer : public torch::autograd::Function<MixedLayer> {
     ctx->saved_data["param_dtype"] = static_cast<int64_t>(mp.param_dtype);
     ctx->saved_data["reduce_dtype"] = static_cast<int64_t>(mp.reduce_dtype);
     ctx->save_for_backward({x});
+    agree_on_layer(*comm, *flat, false, mp.param_dtype, mp.reduce_dtype);
     const at::Tensor full = gather_full_as(*comm, *flat, mp.param_dtype);
     return (*fn)(x.to(mp.param_dtype), unflatten(*flat, full));
   }
@@ -541,6 +630,7 @@ struct MixedLayer : public torch::autograd::Function<MixedLayer> {
     const auto reduce_dtype = static_cast<at::ScalarType>(ctx->saved_data["reduce_dtype"].toInt());
     const at::Tensor x = ctx->get_saved_variables()[0];
     const bool needs_x = ctx->needs_input_grad(0);
+    agree_on_layer(*comm, *flat, true, param_dtype, reduce_dtype);
     const at::Tensor full = gather_full_as(*comm, *flat, param_dtype).requires_grad_(true);
     const at::Tensor x_in = x.detach().to(param_dtype).requires_grad_(needs_x);
     torch::autograd::variable_list grads;
@@ -549,14 +639,16 @@ struct MixedLayer : public torch::autograd::Function<MixedLayer> {
       const at::Tensor y = (*fn)(x_in, unflatten(*flat, full));
       torch::autograd::variable_list inputs{full};
       if (needs_x) inputs.push_back(x_in);
-      grads = torch::autograd::grad({y}, inputs, {grad_outputs[0].to(y.scalar_type())});
+      // allow_unused, as step 3: parameters this rank's layer function ignores get zeros, not a throw here alone.
+      grads = torch::autograd::grad({y}, inputs, {grad_outputs[0].to(y.scalar_type())}, {}, false, true);
     }
+    const at::Tensor local = grads[0].defined() ? grads[0] : at::zeros({flat->padded_numel}, at::kFloat);
     // The reduction in reduce_dtype (divided by N before it, as step 3), then float32 for the optimizer.
-    const at::Tensor flat_grad = grads[0].to(reduce_dtype) / static_cast<double>(comm->world_size());
+    const at::Tensor flat_grad = local.to(reduce_dtype) / static_cast<double>(comm->world_size());
     at::Tensor reduced = at::empty({flat->padded_numel / flat->world_size}, at::TensorOptions().dtype(reduce_dtype));
     reduce_scatter_into(*comm, flat_grad, reduced);
     const at::Tensor shard_grad = reduced.to(at::kFloat);
-    return {needs_x ? grads[1].to(x.scalar_type()) : at::Tensor(),
+    return {needs_x && grads[1].defined() ? grads[1].to(x.scalar_type()) : at::Tensor(),
             shard_grad,
             at::Tensor(),
             at::Tensor(),
@@ -569,9 +661,7 @@ struct MixedLayer : public torch::autograd::Function<MixedLayer> {
 
 at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x,
                                  const MixedPrecision& mp) {
-  check_mixed_precision(mp);
-  TORCH_CHECK(flat.shard.defined() && flat.shard.is_leaf() && flat.shard.requires_grad(),
-              "sharded_forward_mixed: flat.shard must be a leaf that requires grad (flatten_and_shard makes it one)");
+  // The dtypes and the shard are checked in the forward's agreement, on every rank alike.
   return MixedLayer::apply(x, flat.shard, &comm, &flat, &fn, mp);
 }
 // [mixed_precision]
