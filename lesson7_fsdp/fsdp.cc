@@ -274,4 +274,20 @@ std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam
 }
 // [full_state]
 
+// [full_optim_state]
+std::vector<std::vector<at::Tensor>> full_optim_state(dist::Comm& comm, const std::vector<FlatParam>& flats,
+                                                      const std::vector<std::vector<at::Tensor>>& optim_state) {
+  // TODO(lesson7, step 6): first agree, so that bad arguments on one rank fail every rank: find, without
+  // throwing, what is wrong on this rank (a FlatParam of another rank or world size: "was made for rank"; not one
+  // state list per FlatParam: "one state list per FlatParam"; a layer with another number of state tensors than
+  // layer 0: "state tensors, but"; a state tensor that is not S elements long: "elements, but"), put it with the
+  // layer count and the state tensors per layer into a record of 6 int64 and all-gather the records; on every rank
+  // throw "on rank r: ..." for the first error, and "the ranks disagree on the state they gather" when the counts
+  // differ. Then for every layer and every state tensor, in order, all_gather_into a fresh buffer of padded_numel
+  // floats, as gather_full does with the shard (every rank takes part); rank 0 unflattens it and appends a copy
+  // of each view to its parameter's list. Rank 0 returns one list per parameter, the others an empty list.
+  TORCH_CHECK(false, "TODO(lesson7, step 6): full_optim_state() is not implemented yet");
+}
+// [full_optim_state]
+
 }  // namespace fsdp

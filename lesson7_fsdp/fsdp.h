@@ -253,6 +253,19 @@ ShardedCheckpoint load_sharded(dist::Comm& comm, const std::string& dir,
 /// (gather_full, so every rank takes part), unflattened and copied; rank 0 returns every parameter in order,
 /// the other ranks an empty list. Throws "was made for rank" like gather_full.
 std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam>& flats);
+
+/// Step 6: the optimizer's state in full on rank 0, as FSDP's optim_state_dict gives it with FULL_STATE_DICT and
+/// rank0_only: `optim_state` is this rank's state per FlatParam, as in ShardedCheckpoint (K float32 tensors of
+/// the shard's S elements each, every FlatParam the same K; Adam: exp_avg, exp_avg_sq). Each state tensor is
+/// gathered as gather_full gathers the shard (all_gather_into, every rank takes part: per layer K gathers of S
+/// floats), its padding dropped and unflattened in the parameters' shapes. Rank 0 returns, per parameter in
+/// full_state's order, its K tensors in the parameter's shape (copies: what Adam keeps for an unsharded
+/// parameter); the other ranks an empty list. First the ranks agree (one all-gather of a record of 6 int64 per
+/// rank), so that a bad argument on any rank fails EVERY rank, as "on rank r: ...": "was made for rank", "one
+/// state list per FlatParam", "state tensors, but", "elements, but"; ranks with different layer or state counts:
+/// "the ranks disagree on the state they gather".
+std::vector<std::vector<at::Tensor>> full_optim_state(dist::Comm& comm, const std::vector<FlatParam>& flats,
+                                                      const std::vector<std::vector<at::Tensor>>& optim_state);
 // [api_checkpoint]
 
 }  // namespace fsdp

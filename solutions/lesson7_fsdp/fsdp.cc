@@ -855,4 +855,90 @@ std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam
 }
 // [full_state]
 
+// [full_optim_state]
+namespace {
+
+// What a rank found wrong with its arguments: it goes into the record, so that every rank throws it.
+enum StateError : int64_t { kStateOk = 0, kStateOtherRank = 1, kStateLists = 2, kStateCount = 3, kStateElements = 4 };
+
+// A record: {layers, state tensors per layer, error, layer, got, want}.
+std::string state_error(const std::vector<int64_t>& rec) {
+  switch (rec[2]) {
+    case kStateOtherRank:
+      return c10::str("FlatParam ", rec[3], " was made for rank ", rec[4], " of ", rec[5]);
+    case kStateLists:
+      return c10::str("one state list per FlatParam: ", rec[5], " FlatParams, ", rec[4], " state lists");
+    case kStateCount:
+      return c10::str("layer ", rec[3], " has ", rec[4], " state tensors, but layer 0 has ", rec[5]);
+    default:
+      return c10::str("a state tensor of layer ", rec[3], " has ", rec[4], " elements, but the shard has ", rec[5]);
+  }
+}
+
+}  // namespace
+
+std::vector<std::vector<at::Tensor>> full_optim_state(dist::Comm& comm, const std::vector<FlatParam>& flats,
+                                                      const std::vector<std::vector<at::Tensor>>& optim_state) {
+  // This rank's findings go into its record: a rank that threw alone would leave its peers in the first gather.
+  const int64_t k = optim_state.empty() ? 0 : static_cast<int64_t>(optim_state[0].size());
+  std::vector<int64_t> mine{static_cast<int64_t>(flats.size()), k, kStateOk, 0, 0, 0};
+  const auto fail = [&mine](int64_t error, size_t layer, int64_t got, int64_t want) {
+    if (mine[2] != kStateOk) return;
+    mine[2] = error;
+    mine[3] = static_cast<int64_t>(layer);
+    mine[4] = got;
+    mine[5] = want;
+  };
+  if (optim_state.size() != flats.size()) {
+    fail(kStateLists, 0, static_cast<int64_t>(optim_state.size()), static_cast<int64_t>(flats.size()));
+  }
+  for (size_t l = 0; l < flats.size() && l < optim_state.size(); ++l) {
+    const FlatParam& flat = flats[l];
+    if (flat.rank != comm.rank() || flat.world_size != comm.world_size()) {
+      fail(kStateOtherRank, l, flat.rank, flat.world_size);
+    }
+    if (static_cast<int64_t>(optim_state[l].size()) != k) {
+      fail(kStateCount, l, static_cast<int64_t>(optim_state[l].size()), k);
+    }
+    for (const at::Tensor& state : optim_state[l]) {
+      const int64_t size = flat.padded_numel / std::max(flat.world_size, 1);
+      const int64_t got = state.defined() ? state.numel() : 0;
+      if (got != size) fail(kStateElements, l, got, size);
+    }
+  }
+  std::vector<std::vector<int64_t>> all;
+  for (const at::Tensor& t : comm.all_gather(at::tensor(mine, at::kLong))) {
+    const at::Tensor c = t.contiguous();
+    all.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  for (size_t r = 0; r < all.size(); ++r) {
+    TORCH_CHECK(all[r][2] == kStateOk, "full_optim_state: on rank ", r, ": ", state_error(all[r]));
+  }
+  std::string ranks;
+  bool same = true;
+  for (size_t r = 0; r < all.size(); ++r) {
+    same = same && all[r][0] == all[0][0] && all[r][1] == all[0][1];
+    ranks += c10::str(r ? "; " : "", "rank ", r, ": ", all[r][0], " layers of ", all[r][1], " state tensors");
+  }
+  TORCH_CHECK(same, "full_optim_state: the ranks disagree on the state they gather (", ranks,
+              "): every rank must pass its state of the same layers");
+  // Per parameter, in full_state's order, its state tensors in its shape: gathered as the parameters are.
+  std::vector<std::vector<at::Tensor>> out;
+  for (size_t l = 0; l < flats.size(); ++l) {
+    const FlatParam& flat = flats[l];
+    const size_t first = out.size();
+    if (comm.rank() == 0) out.resize(first + flat.shapes.size());
+    for (const at::Tensor& state : optim_state[l]) {
+      at::Tensor full = at::empty({flat.padded_numel}, at::kFloat);
+      all_gather_into(comm, state.detach().to(at::kFloat).contiguous().view({-1}), full);
+      if (comm.rank() == 0) {  // rank 0 keeps a copy of each parameter's piece, in its shape
+        const std::vector<at::Tensor> views = unflatten(flat, full);
+        for (size_t i = 0; i < views.size(); ++i) out[first + i].push_back(views[i].clone());
+      }
+    }
+  }
+  return out;
+}
+// [full_optim_state]
+
 }  // namespace fsdp

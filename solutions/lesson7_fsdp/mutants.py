@@ -244,6 +244,25 @@ MUTANTS = [
      "    if (comm.rank() != 0) continue;\n",
      "",
      "every rank returns the full state, not rank 0 only"),
+    ("l7_fos_error_thrown_alone", SOLUTION,
+     "      if (got != size) fail(kStateElements, l, got, size);\n    }\n  }\n",
+     "      if (got != size) fail(kStateElements, l, got, size);\n    }\n  }\n"
+     "  TORCH_CHECK(mine[2] == kStateOk, \"full_optim_state: on rank \", comm.rank(), \": \", state_error(mine));\n",
+     "full_optim_state throws its own finding before the agreement: its peers wait there until the timeout"),
+    ("l7_fos_no_element_check", SOLUTION,
+     "      if (got != size) fail(kStateElements, l, got, size);\n", "",
+     "full_optim_state does not check a state tensor's length: the gather refuses it on that rank alone"),
+    ("l7_fos_counts_not_compared", SOLUTION,
+     "  TORCH_CHECK(same, \"full_optim_state:", "  TORCH_CHECK(true || same, \"full_optim_state:",
+     "ranks with different numbers of state tensors are not named: their gathers do not pair up"),
+    ("l7_fos_gathers_the_shard", SOLUTION,
+     "all_gather_into(comm, state.detach().to(at::kFloat).contiguous().view({-1}), full);",
+     "all_gather_into(comm, flat.shard.detach(), full);",
+     "full_optim_state gathers the parameters' shard in place of each state tensor"),
+    ("l7_fos_every_rank_returns", SOLUTION,
+     "    if (comm.rank() == 0) out.resize(first + flat.shapes.size());\n",
+     "    out.resize(first + flat.shapes.size());\n",
+     "every rank keeps a list per parameter (empty ones on ranks other than 0): rank 0 only is asked"),
 ]
 
 # Step 7: what fits (what_fits.cc): the napkin arithmetic.
