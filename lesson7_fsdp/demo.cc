@@ -145,6 +145,7 @@ StepFigures train(Mode mode, int layers, int64_t width, int64_t items, int steps
                     : layer_fn(h, replicas[static_cast<size_t>(l)]);
       }
       torch::mse_loss(h, yr).backward();
+      if (stack) stack->finish();
       if (!sharded) {  // DDP-style: one all-reduce of every gradient, then the average
         std::vector<torch::Tensor> grads;
         for (const auto& p : params) grads.push_back(p.grad().reshape({-1}));

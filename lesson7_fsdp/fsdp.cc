@@ -95,16 +95,35 @@ at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat) {
 }
 // [gather_full]
 
+// [agree_on_layer]
+void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::ScalarType param_dtype,
+                    at::ScalarType reduce_dtype) {
+  // TODO(lesson7, step 3): find what is wrong with this rank's arguments, in this order, as a number (0: nothing):
+  // a FlatParam of another rank or world size than comm's ("was made for rank"), in the forward a shard that is
+  // not a leaf that requires grad ("requires grad"), a param_dtype other than float32, bfloat16 and float16
+  // ("param_dtype must be float32, bfloat16 or float16"), a reduce_dtype other than float32 and the param_dtype
+  // ("reduce_dtype must be float32 or the param_dtype"). Do NOT throw yet: your peers would wait for you. Put
+  // it in a record of 8 int64 with the phase, flat.rank, flat.world_size, flat.numel, a fingerprint of
+  // flat.shapes (a hash of every dimension), and the two dtypes (static_cast<int64_t>), and all-gather the
+  // records (comm.all_gather of an at::kLong tensor). Then on every rank alike: throw "on rank r: " and the
+  // message of the first record that names an error; throw "the ranks disagree on the layer they are about to
+  // gather" (with each rank's call) when the records differ in anything but flat.rank.
+  TORCH_CHECK(false, "TODO(lesson7, step 3): agree_on_layer() is not implemented yet");
+}
+// [agree_on_layer]
+
 // [sharded_forward]
 at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x) {
-  // TODO(lesson7, step 3): refuse a shard that is not a leaf that requires grad ("requires grad"). Then write a
-  // custom autograd function (struct L : torch::autograd::Function<L>, static forward and backward; call it with
-  // L::apply(x, flat.shard, &comm, &flat, &fn)). Its forward saves x, gathers the full buffer, returns
-  // fn(x, unflatten(...)) and lets the buffer go. Its backward gathers again, recomputes fn with autograd on
-  // (at::AutoGradMode) from a leaf copy of the buffer, takes torch::autograd::grad of it (and of x where
-  // ctx->needs_input_grad(0); with allow_unused, and zeros for the buffer's gradient where fn did not use the
-  // parameters on this rank), divides the buffer's gradient by N, reduce-scatters it into a new shard-sized
-  // tensor and returns {grad of x, that shard gradient, and an undefined tensor for each of the other inputs}.
+  // TODO(lesson7, step 3): write a custom autograd function (struct L : torch::autograd::Function<L>, static
+  // forward and backward; call it with L::apply(x, flat.shard, &comm, &flat, &fn)). Its forward saves x, agrees
+  // (agree_on_layer, forward: that also refuses a shard that does not require grad, on every rank), gathers the
+  // full buffer, returns fn(x, unflatten(...)) and lets the buffer go. Its backward agrees (agree_on_layer,
+  // backward: a rank whose loss skips the layer is elsewhere, and every rank learns it), gathers again,
+  // recomputes fn with autograd on (at::AutoGradMode) from a leaf copy of the buffer, takes
+  // torch::autograd::grad of it (and of x where ctx->needs_input_grad(0); with allow_unused, and zeros for the
+  // buffer's gradient where fn did not use the parameters on this rank), divides the buffer's gradient by N,
+  // reduce-scatters it into a new shard-sized tensor and returns {grad of x, that shard gradient, and an
+  // undefined tensor for each of the other inputs}.
   TORCH_CHECK(false, "TODO(lesson7, step 3): sharded_forward() is not implemented yet");
 }
 // [sharded_forward]
@@ -128,6 +147,8 @@ struct ShardedStack::State {
   /// Per layer: the autograd node of its last forward while that forward's backward has not run (held weakly:
   /// expired once the graph is gone, as after a backward or when the output is dropped).
   std::vector<std::weak_ptr<torch::autograd::Node>> awaiting_backward;
+  /// Layers backpropagated on this rank since the last finish(): forward() refuses to start while it is not 0.
+  int64_t backwards_since_finish = 0;
 };
 
 ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
@@ -162,11 +183,20 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
   // The agreements (fsdp.h): a record of 8 int64 all-gathered (comm.all_gather) before the forward's first gather
   // (layer count, LayerFn count, elements, a fingerprint of the shapes, and what this rank found wrong: lists of
   // different lengths, a shard that is not a leaf requiring grad, a shard listed twice (is_same), a layer whose
-  // node in state_->awaiting_backward has not expired) and before each layer's backward takes its buffer (the
-  // layer). Throw the same error on every rank when any record names an error or the records differ. Note each
-  // layer's node (the output's grad_fn()) in state_->awaiting_backward; reset it in the layer's backward. Recompute
-  // with allow_unused, as in step 3.
+  // node in state_->awaiting_backward has not expired, a backward since the last finish():
+  // state_->backwards_since_finish > 0) and before each layer's backward takes its buffer (the layer). Throw the
+  // same error on every rank when any record names an error or the records differ. Note each layer's node (the
+  // output's grad_fn()) in state_->awaiting_backward; reset it in the layer's backward and count the backward in
+  // state_->backwards_since_finish. Recompute with allow_unused, as in step 3.
   TORCH_CHECK(false, "TODO(lesson7, step 4): ShardedStack::forward() is not implemented yet");
+}
+
+void ShardedStack::finish() {
+  // TODO(lesson7, step 4): set state_->backwards_since_finish to 0, then one more agreement: a record that says
+  // "finish()". A rank whose backward never reached the stack is here while its peers agree before a layer's
+  // backward: the records differ, and every rank throws "layer L got no gradient on rank r (it is in finish()
+  // instead ...)". Records that match nothing else: "the ranks are at different calls".
+  TORCH_CHECK(false, "TODO(lesson7, step 4): ShardedStack::finish() is not implemented yet");
 }
 // [sharded_stack]
 
@@ -186,12 +216,14 @@ at::Tensor gather_full_as(dist::Comm& comm, const FlatParam& flat, at::ScalarTyp
 
 at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x,
                                  const MixedPrecision& mp) {
-  // TODO(lesson7, step 5): check_mixed_precision(mp) and step 3's "requires grad" check first. Then step 3's
-  // autograd function with three casts (pass mp by value to apply; keep its dtypes in ctx->saved_data as
-  // integers): the forward gathers with gather_full_as(..., mp.param_dtype) and computes on x.to(param_dtype);
-  // the backward gathers the same way, recomputes from x cast to param_dtype, casts the buffer's gradient to
-  // mp.reduce_dtype, divides it by N, reduce-scatters it in reduce_dtype and returns it cast to float32 (and x's
-  // gradient in x's dtype).
+  // TODO(lesson7, step 5): step 3's autograd function with three casts (pass mp by value to apply; keep its
+  // dtypes in ctx->saved_data as integers). Its forward agrees first, with mp's dtypes (agree_on_layer(..., false,
+  // mp.param_dtype, mp.reduce_dtype): it refuses bad dtypes and a shard that does not require grad on every rank,
+  // and ranks whose dtypes differ), gathers with gather_full_as(..., mp.param_dtype) and computes on
+  // x.to(param_dtype); the backward agrees (backward, the same dtypes), gathers the same way, recomputes from x
+  // cast to param_dtype (allow_unused, zeros where the buffer's gradient is undefined, as in step 3), casts the
+  // buffer's gradient to mp.reduce_dtype, divides it by N, reduce-scatters it in reduce_dtype and returns it cast
+  // to float32 (and x's gradient, where defined, in x's dtype).
   TORCH_CHECK(false, "TODO(lesson7, step 5): sharded_forward_mixed() is not implemented yet");
 }
 // [mixed_precision]
@@ -241,5 +273,21 @@ std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam
   TORCH_CHECK(false, "TODO(lesson7, step 6): full_state() is not implemented yet");
 }
 // [full_state]
+
+// [full_optim_state]
+std::vector<std::vector<at::Tensor>> full_optim_state(dist::Comm& comm, const std::vector<FlatParam>& flats,
+                                                      const std::vector<std::vector<at::Tensor>>& optim_state) {
+  // TODO(lesson7, step 6): first agree, so that bad arguments on one rank fail every rank: find, without
+  // throwing, what is wrong on this rank (a FlatParam of another rank or world size: "was made for rank"; not one
+  // state list per FlatParam: "one state list per FlatParam"; a layer with another number of state tensors than
+  // layer 0: "state tensors, but"; a state tensor that is not S elements long: "elements, but"), put it with the
+  // layer count and the state tensors per layer into a record of 6 int64 and all-gather the records; on every rank
+  // throw "on rank r: ..." for the first error, and "the ranks disagree on the state they gather" when the counts
+  // differ. Then for every layer and every state tensor, in order, all_gather_into a fresh buffer of padded_numel
+  // floats, as gather_full does with the shard (every rank takes part); rank 0 unflattens it and appends a copy
+  // of each view to its parameter's list. Rank 0 returns one list per parameter, the others an empty list.
+  TORCH_CHECK(false, "TODO(lesson7, step 6): full_optim_state() is not implemented yet");
+}
+// [full_optim_state]
 
 }  // namespace fsdp

@@ -85,16 +85,37 @@ at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat);
 /// What one layer computes from its input and its parameters (the views unflatten makes, in order).
 using LayerFn = std::function<at::Tensor(const at::Tensor& x, const std::vector<at::Tensor>& params)>;
 
-/// Step 3: runs one layer on sharded parameters, as FSDP does. Forward: gathers the full flat buffer
-/// (gather_full), computes fn(x, unflatten(...)), frees the full buffer before returning (nothing of it is
-/// kept). Backward (autograd calls it when the loss is backpropagated): gathers again, recomputes the layer
-/// with autograd to get the gradients of x and of the flat buffer, divides the flat gradient by N and
-/// reduce-scatters it into flat.shard's grad (accumulated like any leaf's .grad), and frees the buffer again.
-/// Per call and per backward: two all-gathers and one reduce-scatter of padded_numel floats, nothing else.
-/// Where fn does not use the parameters on this rank, their gradient here is zeros (autograd::grad with
-/// allow_unused), and this rank joins the reduce-scatter like the others instead of throwing alone.
-/// `comm`, `flat` and `fn` must outlive the backward. Throws "requires grad" when flat.shard is not a leaf
-/// that requires grad.
+/// Step 3: the ranks agree before each gather of a layer (sharded_forward's forward and backward, and step 5's
+/// sharded_forward_mixed), so that ranks that are not at the same layer fail at once, by name, on EVERY rank,
+/// instead of waiting in a ring for a peer that is elsewhere until the timeout (or, when the rings' messages
+/// differ in size, Gloo aborting the process). Every rank all-gathers (comm.all_gather) a record of 8 int64:
+/// the phase (forward, or backward when `backward`), flat.rank and flat.world_size, flat.numel, a fingerprint of
+/// flat.shapes, `param_dtype` (the gather's dtype) and `reduce_dtype` (the reduce-scatter's; step 3 passes
+/// float32 for both), and what this rank found wrong with its own arguments, checked in this order and put
+/// into the record instead of thrown alone: a FlatParam made for another rank or world size ("was made for
+/// rank"), in the forward a shard that is not a leaf that requires grad ("requires grad"), a param_dtype
+/// other than float32, bfloat16 and float16 ("param_dtype must be float32, bfloat16 or float16"), a
+/// reduce_dtype other than float32 and the param_dtype ("reduce_dtype must be float32 or the param_dtype").
+/// Every rank then throws "on rank r: " and the first rank's finding; or, when the records differ in anything
+/// but flat.rank, "the ranks disagree on the layer they are about to gather", listing each rank's call: a rank
+/// whose loss skips a layer that another rank's loss uses is in another layer's backward, or its next forward,
+/// when its peers start that layer's backward. Layers of the same shapes look alike here (ShardedStack, step 4,
+/// knows each layer's index); a rank that skips a layer's backward and makes no further call of these is left
+/// to the timeout.
+void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::ScalarType param_dtype = at::kFloat,
+                    at::ScalarType reduce_dtype = at::kFloat);
+
+/// Step 3: runs one layer on sharded parameters, as FSDP does. Forward: agree_on_layer, then gathers the full
+/// flat buffer (gather_full), computes fn(x, unflatten(...)), frees the full buffer before returning (nothing of
+/// it is kept). Backward (autograd calls it when the loss is backpropagated): agree_on_layer (backward), gathers
+/// again, recomputes the layer with autograd to get the gradients of x and of the flat buffer, divides the flat
+/// gradient by N and reduce-scatters it into flat.shard's grad (accumulated like any leaf's .grad), and frees
+/// the buffer again. Per call and per backward: two all-gathers and one reduce-scatter of padded_numel floats,
+/// and the two agreements (all-gathers of 64 bytes per rank), nothing else. Where fn does not use the
+/// parameters on this rank, their gradient here is zeros (autograd::grad with allow_unused), and this rank joins
+/// the reduce-scatter like the others instead of throwing alone. `comm`, `flat` and `fn` must outlive the
+/// backward. Throws, on every rank, agree_on_layer's errors ("requires grad" when flat.shard is not a leaf that
+/// requires grad on some rank).
 at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x);
 // [api_layer]
 
@@ -128,10 +149,11 @@ PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag);
 /// listed twice: a layer runs once per forward) and "was gathered twice before its backward" (a forward while
 /// the previous forward's graph still waits for its backward). Records that differ: "the models differ across
 /// ranks" (layer counts, sizes or shapes) and "layer L got no gradient on rank r" (the rank's loss does not
-/// depend on layer L: its backward never reaches L, and it is elsewhere, e.g. in its next forward, when its
-/// peers start L's backward; a rank that makes no further call leaves them to the timeout). A layer function
-/// that does not use its parameters (or its input) on some rank is no fault: that rank's gradient is zeros,
-/// and it joins the reduce-scatter like the others.
+/// depend on layer L: its backward never reaches L, and it is elsewhere, in its finish() or its next forward,
+/// when its peers start L's backward). A layer function that does not use its parameters (or its input) on some
+/// rank is no fault: that rank's gradient is zeros, and it joins the reduce-scatter like the others.
+///
+/// One step: forward(), the backward, finish() (as lesson 5's Reducer), then the optimizer's step.
 class ShardedStack {
  public:
   ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch = true);
@@ -140,6 +162,13 @@ class ShardedStack {
   at::Tensor forward(const at::Tensor& x);
   /// The most gathered buffers that were alive at once when a layer computed (forward or backward), so far.
   int max_alive() const;
+  /// After every backward, on every rank: one more agreement (a record that says "finish()"), so that a rank
+  /// whose backward never reached the stack meets its peers' record for a layer's backward here, and every rank
+  /// throws "layer L got no gradient on rank r (it is in finish() instead ...)" at once, even when that rank
+  /// makes no call after it. forward() after a backward without finish() puts "finish() was not called after
+  /// the previous backward" into its record (every rank throws it). Ranks at calls that match nothing else
+  /// (finish() on one, a forward on another, no backward in between): "the ranks are at different calls".
+  void finish();
 
   struct State;  ///< what the forward and the backward share (defined in fsdp.cc)
 
@@ -168,12 +197,14 @@ void check_mixed_precision(const MixedPrecision& mp);
 /// buffer of flat.padded_numel elements of `dtype`. Throws "was made for rank" like gather_full.
 at::Tensor gather_full_as(dist::Comm& comm, const FlatParam& flat, at::ScalarType dtype);
 
-/// Step 5: sharded_forward in mixed precision. Forward: check_mixed_precision (before any traffic), gather in
-/// mp.param_dtype (gather_full_as), compute fn(x cast to param_dtype, the views): the result is param_dtype.
-/// Backward: gather again in param_dtype, recompute with autograd, cast the flat gradient to mp.reduce_dtype,
-/// divide it by N and reduce-scatter it in reduce_dtype; the shard's gradient is that, cast to float32 (the
-/// optimizer sees float32 only); x's gradient comes back in x's dtype. flat.shard stays float32, never rounded.
-/// The same rules as sharded_forward ("requires grad").
+/// Step 5: sharded_forward in mixed precision. Forward: agree_on_layer with mp's dtypes (which also refuses, on
+/// every rank, what check_mixed_precision refuses), gather in mp.param_dtype (gather_full_as), compute fn(x cast
+/// to param_dtype, the views): the result is param_dtype. Backward: agree_on_layer (backward, mp's dtypes),
+/// gather again in param_dtype, recompute with autograd (allow_unused: zeros where fn ignores the parameters
+/// on this rank), cast the flat gradient to mp.reduce_dtype, divide it by N and reduce-scatter it in
+/// reduce_dtype; the shard's gradient is that, cast to float32 (the optimizer sees float32 only); x's gradient
+/// comes back in x's dtype. flat.shard stays float32, never rounded. The same rules as sharded_forward
+/// ("requires grad"); ranks whose mp differ fail with "the ranks disagree on the layer".
 at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x,
                                  const MixedPrecision& mp);
 
@@ -222,6 +253,19 @@ ShardedCheckpoint load_sharded(dist::Comm& comm, const std::string& dir,
 /// (gather_full, so every rank takes part), unflattened and copied; rank 0 returns every parameter in order,
 /// the other ranks an empty list. Throws "was made for rank" like gather_full.
 std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam>& flats);
+
+/// Step 6: the optimizer's state in full on rank 0, as FSDP's optim_state_dict gives it with FULL_STATE_DICT and
+/// rank0_only: `optim_state` is this rank's state per FlatParam, as in ShardedCheckpoint (K float32 tensors of
+/// the shard's S elements each, every FlatParam the same K; Adam: exp_avg, exp_avg_sq). Each state tensor is
+/// gathered as gather_full gathers the shard (all_gather_into, every rank takes part: per layer K gathers of S
+/// floats), its padding dropped and unflattened in the parameters' shapes. Rank 0 returns, per parameter in
+/// full_state's order, its K tensors in the parameter's shape (copies: what Adam keeps for an unsharded
+/// parameter); the other ranks an empty list. First the ranks agree (one all-gather of a record of 6 int64 per
+/// rank), so that a bad argument on any rank fails EVERY rank, as "on rank r: ...": "was made for rank", "one
+/// state list per FlatParam", "state tensors, but", "elements, but"; ranks with different layer or state counts:
+/// "the ranks disagree on the state they gather".
+std::vector<std::vector<at::Tensor>> full_optim_state(dist::Comm& comm, const std::vector<FlatParam>& flats,
+                                                      const std::vector<std::vector<at::Tensor>>& optim_state);
 // [api_checkpoint]
 
 }  // namespace fsdp

@@ -2,6 +2,7 @@
 // Run: bazel test //lesson7_fsdp:fsdp_step3_test
 #include "lesson7_fsdp/fsdp_test_problem.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,9 @@ TEST_CASE("[step3] K sharded steps on N ranks equal K full-batch steps of one pr
   }
 }
 
-TEST_CASE("[step3] per layer and step: one all-gather in the forward, one in the backward, one reduce-scatter") {
+TEST_CASE(
+    "[step3] per layer and step: one all-gather in the forward, one in the backward, one reduce-scatter, "
+    "each after an agreement") {
   const Problem p = make_problem();
   for (const int n : {2, 3}) {
     std::vector<std::vector<std::string>> forward_log(static_cast<size_t>(n)), step_log(static_cast<size_t>(n));
@@ -96,6 +99,22 @@ TEST_CASE("[step3] per layer and step: one all-gather in the forward, one in the
       }
       return out;
     };
+    // With the agreements: before each gather, one all-gather of a record of 8 int64 (64 bytes per rank).
+    const auto sends_and_agreements = [](const std::vector<std::string>& log) {
+      std::vector<std::string> out;
+      for (const auto& entry : log) {
+        if (entry.rfind("send ", 0) == 0 || entry.rfind("all_gather ", 0) == 0) out.push_back(entry);
+      }
+      return out;
+    };
+    const auto agreed = [&](const std::vector<std::vector<int>>& gathers_then_reduces) {
+      std::vector<std::string> out{};
+      for (const auto& layers : gathers_then_reduces) {
+        out.push_back("all_gather 64");
+        for (const std::string& send : sends(layers)) out.push_back(send);
+      }
+      return out;
+    };
     int64_t bytes = 0;
     for (int l = 0; l < 3; ++l) bytes += 3 * (n - 1) * shard_of(kLayerNumel[l], n) * 4;
     for (int r = 0; r < n; ++r) {
@@ -104,9 +123,13 @@ TEST_CASE("[step3] per layer and step: one all-gather in the forward, one in the
       // Forward: layer 0, 1, 2 gathered in turn. Backward: layer 2 gathered then reduce-scattered, then 1, then 0.
       CHECK(only_sends(forward_log[static_cast<size_t>(r)]) == sends({0, 1, 2}));
       CHECK(only_sends(step_log[static_cast<size_t>(r)]) == sends({0, 1, 2, 2, 2, 1, 1, 0, 0}));
+      // Each layer's forward: its agreement, then its gather; each backward: its agreement, gather, reduce-scatter.
+      CHECK(sends_and_agreements(step_log[static_cast<size_t>(r)]) == agreed({{0}, {1}, {2}, {2, 2}, {1, 1}, {0, 0}}));
       const dist::CommStats& s = stats[static_cast<size_t>(r)];
       CHECK(s.send_calls == 9 * (n - 1));
-      CHECK(s.send_bytes == bytes);  // 3 (N - 1) / N x the padded bytes of every layer
+      CHECK(s.send_bytes == bytes);    // 3 (N - 1) / N x the padded bytes of every layer
+      CHECK(s.all_gather_calls == 6);  // two agreements per layer and step
+      CHECK(s.all_gather_bytes == 6 * 64);
       CHECK(s.all_reduce_calls == 0);
     }
   }
@@ -149,6 +172,75 @@ TEST_CASE("[step3] a shard that does not require grad is refused by name") {
   REQUIRE(outcomes.size() == 1);
   CHECK_FALSE(outcomes[0].ok);
   CHECK(outcomes[0].error.find("requires grad") != std::string::npos);
+}
+
+namespace {
+
+// The problem's three layers on this rank: `steps` steps whose loss on rank 1 is `rank1_loss` of the layers'
+// outputs (every rank's loss is the problem's elsewhere).
+void train_skipping(dist::Comm& comm, const Problem& p, int steps,
+                    const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& rank1_loss) {
+  const int r = comm.rank(), n = comm.world_size();
+  std::vector<fsdp::FlatParam> flats;
+  for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+  for (int s = 0; s < steps; ++s) {
+    std::vector<torch::Tensor> outs;
+    torch::Tensor h = rows(p.x, r, n);
+    for (size_t l = 0; l < flats.size(); ++l) outs.push_back(h = fsdp::sharded_forward(comm, flats[l], kLayers[l], h));
+    (r == 1 ? rank1_loss(outs) : torch::mse_loss(h, rows(p.y, r, n))).backward();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("[step3] a rank whose loss skips a layer: the same error on every rank, naming each rank's call") {
+  const Problem p = make_problem();
+  // Rank 1's loss reads layer 1's output: its backward starts at layer 1 while rank 0's starts at layer 2 (56
+  // elements). Both are in an agreement: every rank fails at once, no further call needed.
+  check_fails_on_every_rank(
+      2, [&](dist::Comm& comm) { train_skipping(comm, p, 1, [](const auto& outs) { return outs[1].sum(); }); },
+      "the ranks disagree on the layer they are about to gather (rank 0: the backward of a layer of 56 elements");
+  // Rank 1's loss uses none of the layers: its next forward (layer 0, 135 elements) meets rank 0's backward.
+  const torch::Tensor other = torch::ones({1}, torch::requires_grad());
+  check_fails_on_every_rank(
+      2, [&](dist::Comm& comm) { train_skipping(comm, p, 2, [&](const auto&) { return other.sum(); }); },
+      "rank 1: the forward of a layer of 135 elements");
+}
+
+TEST_CASE("[step3] bad arguments or another model on one rank only: refused on every rank, by name") {
+  const Problem p = make_problem();
+  // Rank 1's shard does not require grad.
+  check_fails_on_every_rank(
+      2,
+      [&](dist::Comm& comm) {
+        fsdp::FlatParam flat = fsdp::flatten_and_shard(p.layers[0], comm.rank(), 2);
+        if (comm.rank() == 1) flat.shard = flat.shard.detach();
+        fsdp::sharded_forward(comm, flat, kLayers[0], rows(p.x, comm.rank(), 2));
+      },
+      "on rank 1: the layer's shard must be a leaf that requires grad");
+  // Rank 1's FlatParam was made for 3 ranks.
+  check_fails_on_every_rank(
+      2,
+      [&](dist::Comm& comm) {
+        fsdp::FlatParam flat = fsdp::flatten_and_shard(p.layers[0], comm.rank(), comm.rank() == 1 ? 3 : 2);
+        fsdp::sharded_forward(comm, flat, kLayers[0], rows(p.x, comm.rank(), 2));
+      },
+      "on rank 1: the FlatParam was made for rank 1 of 3");
+  // Rank 1's middle weight is transposed: the same sizes, another shape.
+  check_fails_on_every_rank(
+      2,
+      [&](dist::Comm& comm) {
+        const int r = comm.rank();
+        std::vector<fsdp::FlatParam> flats;
+        for (size_t l = 0; l < 3; ++l) {
+          std::vector<torch::Tensor> layer = p.layers[l];
+          if (r == 1 && l == 1) layer[0] = layer[0].t().contiguous();
+          flats.push_back(fsdp::flatten_and_shard(layer, r, 2));
+        }
+        torch::Tensor h = rows(p.x, r, 2);
+        for (size_t l = 0; l < 3; ++l) h = fsdp::sharded_forward(comm, flats[l], kLayers[l], h);
+      },
+      "the ranks disagree on the layer they are about to gather");
 }
 
 TEST_CASE("[step3] a layer that ignores its parameters on one rank: zeros are that rank's share, not a hang") {

@@ -21,6 +21,8 @@ struct Run {
   int max_alive = 0;
   int64_t sent_per_step = 0;  // the last step's bytes
   int64_t sends_per_step = 0;
+  int64_t agreements_per_step = 0;  // the all-gathers of the agreements' records
+  int64_t agreement_bytes_per_step = 0;
 };
 
 // `steps` steps of the problem on this rank through a ShardedStack.
@@ -37,8 +39,11 @@ Run stack_training(dist::Comm& comm, const Problem& p, Opt opt, int steps, bool 
     comm.reset_stats();
     optimizer->zero_grad();
     torch::mse_loss(stack.forward(rows(p.x, r, n)), rows(p.y, r, n)).backward();
+    stack.finish();
     run.sent_per_step = comm.stats().send_bytes;
     run.sends_per_step = comm.stats().send_calls;
+    run.agreements_per_step = comm.stats().all_gather_calls;
+    run.agreement_bytes_per_step = comm.stats().all_gather_bytes;
     optimizer->step();
   }
   run.max_alive = stack.max_alive();
@@ -103,6 +108,9 @@ TEST_CASE("[step4] with and without prefetch: the same parameters, the same byte
         CHECK(a.sent_per_step == bytes);  // 2 all-gathers + 1 reduce-scatter per layer, prefetched or not
         CHECK(b.sent_per_step == bytes);
         CHECK(a.sends_per_step == 9 * (n - 1));
+        // The agreements: the forward's, one per layer's backward and finish()'s, each a record of 8 int64.
+        CHECK(a.agreements_per_step == 5);
+        CHECK(a.agreement_bytes_per_step == 5 * 64);
         CHECK(a.max_alive == 2);  // the layer computing and the next one's gather in flight, never more
         CHECK(b.max_alive == 1);  // without prefetch: one layer's at a time
       }
@@ -138,6 +146,7 @@ TEST_CASE("[step4] the next layer's gather is under way before a layer computes,
       fsdp::ShardedStack stack(comm, flats, watched, prefetch);
       comm.reset_stats();
       stack.forward(rows(p.x, comm.rank(), n)).sum().backward();
+      stack.finish();
     });
     CAPTURE(prefetch);
     // Forward, layers 0, 1, 2: with prefetch, layer l runs after layer l + 1's gather has started. Backward, layers
@@ -198,8 +207,8 @@ TEST_CASE("[step4] lesson 4's meter: a prefetching forward holds two layers' ful
 namespace {
 
 // The problem's stack on this rank, trained for `steps` steps with SGD; `depends` says whether rank 1's loss uses the
-// stack's output.
-void train_with_rank1(dist::Comm& comm, const Problem& p, int steps, bool depends) {
+// stack's output, `finish` whether every rank calls finish() after its backward.
+void train_with_rank1(dist::Comm& comm, const Problem& p, int steps, bool depends, bool finish) {
   const int r = comm.rank(), n = comm.world_size();
   std::vector<fsdp::FlatParam> flats;
   for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
@@ -213,6 +222,7 @@ void train_with_rank1(dist::Comm& comm, const Problem& p, int steps, bool depend
     const torch::Tensor out = stack.forward(rows(p.x, r, n));
     const torch::Tensor loss = (r == 1 && !depends) ? other.sum() : torch::mse_loss(out, rows(p.y, r, n));
     loss.backward();
+    if (finish) stack.finish();
     sgd.step();
   }
 }
@@ -221,10 +231,45 @@ void train_with_rank1(dist::Comm& comm, const Problem& p, int steps, bool depend
 
 TEST_CASE("[step4] a layer that gets no gradient on one rank: the same error on every rank, naming it, no timeout") {
   const Problem p = make_problem();
-  // Rank 1's loss does not use the stack's output: its backward never reaches layer 2. Its next forward meets
-  // rank 0's agreement before layer 2's backward.
+  // Rank 1's loss does not use the stack's output: its backward never reaches layer 2. Without finish(), its next
+  // forward meets rank 0's agreement before layer 2's backward.
   check_fails_on_every_rank(
-      2, [&](dist::Comm& comm) { train_with_rank1(comm, p, 2, false); }, "layer 2 got no gradient on rank 1");
+      2, [&](dist::Comm& comm) { train_with_rank1(comm, p, 2, false, false); },
+      "layer 2 got no gradient on rank 1 (it is in a forward");
+  // With finish(), one step is enough: rank 1 makes no call after its finish(), which meets rank 0's agreement.
+  check_fails_on_every_rank(
+      2, [&](dist::Comm& comm) { train_with_rank1(comm, p, 1, false, true); },
+      "layer 2 got no gradient on rank 1 (it is in finish() instead");
+}
+
+TEST_CASE("[step4] finish(): forgotten on one rank, or at a call that matches nothing: named on every rank") {
+  const Problem p = make_problem();
+  // Rank 1 goes on to its next forward without finish(); rank 0 waits in its finish().
+  check_fails_on_every_rank(
+      2,
+      [&](dist::Comm& comm) {
+        std::vector<fsdp::FlatParam> flats;
+        for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), 2));
+        fsdp::ShardedStack stack(comm, flats, kLayers);
+        const torch::Tensor x = rows(p.x, comm.rank(), 2);
+        stack.forward(x).sum().backward();
+        if (comm.rank() == 0) stack.finish();
+        stack.forward(x);
+      },
+      "on rank 1: finish() was not called after the previous backward");
+  // No backward at all (no-grad forwards), and finish() on rank 0 only: a finish() that meets a forward.
+  check_fails_on_every_rank(
+      2,
+      [&](dist::Comm& comm) {
+        std::vector<fsdp::FlatParam> flats;
+        for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), 2));
+        fsdp::ShardedStack stack(comm, flats, kLayers);
+        torch::NoGradGuard no_grad;
+        stack.forward(rows(p.x, comm.rank(), 2));
+        if (comm.rank() == 0) stack.finish();
+        stack.forward(rows(p.x, comm.rank(), 2));
+      },
+      "the ranks are at different calls");
 }
 
 TEST_CASE("[step4] a layer function that ignores its parameters on one rank: zeros are that rank's share, no hang") {
@@ -239,6 +284,7 @@ TEST_CASE("[step4] a layer function that ignores its parameters on one rank: zer
     for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
     fsdp::ShardedStack stack(comm, flats, r == 1 ? std::vector<fsdp::LayerFn>{hidden, skip, last} : kLayers);
     torch::mse_loss(stack.forward(rows(p.x, r, n)), rows(p.y, r, n)).backward();
+    stack.finish();
     got[static_cast<size_t>(r)] = flats[1].shard.grad().clone();
   });
   // The oracle: rank 0's own gradient of layer 1, plus rank 1's zeros, over 2.
@@ -329,8 +375,10 @@ TEST_CASE("[step4] a layer used twice in one forward is refused on every rank, n
     const torch::Tensor x = rows(p.x, comm.rank(), 2);
     const torch::Tensor out = stack.forward(x);
     out.sum().backward();
+    stack.finish();
     stack.forward(x);                   // the first graph's backward ran (its output is still alive)
     stack.forward(x).sum().backward();  // the previous output was dropped: its graph is gone
+    stack.finish();
     torch::NoGradGuard no_grad;
     stack.forward(x);
     stack.forward(x);

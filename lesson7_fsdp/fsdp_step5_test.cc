@@ -3,6 +3,7 @@
 #include "lesson7_fsdp/fsdp_test_problem.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -245,6 +246,12 @@ TEST_CASE("[step5] a param dtype that is not float32, bfloat16 or float16, or a 
       fsdp::sharded_forward_mixed(comm, flat, kLayers[0], rows(p.x, comm.rank(), n), mp);
     };
   };
+  // check_mixed_precision alone (no ranks), then in the forward's agreement, on every rank.
+  CHECK_THROWS_WITH(fsdp::check_mixed_precision({torch::kDouble, torch::kFloat}),
+                    Contains("param_dtype must be float32, bfloat16 or float16"));
+  CHECK_THROWS_WITH(fsdp::check_mixed_precision({torch::kBFloat16, torch::kHalf}),
+                    Contains("reduce_dtype must be float32 or the param_dtype"));
+  CHECK_NOTHROW(fsdp::check_mixed_precision({torch::kHalf, torch::kHalf}));
   check_fails_on_every_rank(n, run({torch::kDouble, torch::kFloat}),
                             "param_dtype must be float32, bfloat16 or float16");
   check_fails_on_every_rank(n, run({torch::kInt, torch::kFloat}), "param_dtype must be float32, bfloat16 or float16");
@@ -259,4 +266,65 @@ TEST_CASE("[step5] a param dtype that is not float32, bfloat16 or float16, or a 
         fsdp::sharded_unscale_and_check(comm, flats, 0.0);
       },
       "scale must be finite and > 0");
+}
+
+TEST_CASE("[step5] ranks whose dtypes or layers differ: the same error on every rank, no timeout") {
+  const Problem p = make_problem();
+  const int n = 2;
+  // `mp_of(rank)` on each rank, one layer's forward.
+  const auto forward_with = [&](std::function<fsdp::MixedPrecision(int)> mp_of) {
+    return [&p, mp_of](dist::Comm& comm) {
+      fsdp::FlatParam flat = fsdp::flatten_and_shard(p.layers[0], comm.rank(), n);
+      fsdp::sharded_forward_mixed(comm, flat, kLayers[0], rows(p.x, comm.rank(), n), mp_of(comm.rank()));
+    };
+  };
+  // A bad dtype on rank 1 only: rank 0 must not wait for it.
+  check_fails_on_every_rank(n,
+                            forward_with([](int r) { return r == 1 ? fsdp::MixedPrecision{torch::kDouble} : kBf16; }),
+                            "on rank 1: MixedPrecision: param_dtype must be float32, bfloat16 or float16");
+  // Two valid precisions, but not the same: the gathers would differ in bytes.
+  check_fails_on_every_rank(n, forward_with([](int r) { return r == 1 ? kFloat32 : kBf16; }),
+                            "the ranks disagree on the layer they are about to gather");
+  // Rank 1's loss reads layer 1's output: its backward skips layer 2.
+  check_fails_on_every_rank(
+      n,
+      [&](dist::Comm& comm) {
+        const int r = comm.rank();
+        std::vector<fsdp::FlatParam> flats;
+        for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+        std::vector<torch::Tensor> outs;
+        torch::Tensor h = rows(p.x, r, n);
+        for (size_t l = 0; l < 3; ++l)
+          outs.push_back(h = fsdp::sharded_forward_mixed(comm, flats[l], kLayers[l], h, kBf16));
+        (r == 1 ? outs[1].to(torch::kFloat).sum() : h.to(torch::kFloat).sum()).backward();
+      },
+      "the ranks disagree on the layer they are about to gather (rank 0: the backward of a layer of 56 elements");
+}
+
+TEST_CASE("[step5] a layer that ignores its parameters on one rank: zeros are its share, as in step 3") {
+  const Problem p = make_problem();
+  const int n = 2;
+  const fsdp::LayerFn skip = ignores_params;
+  std::vector<torch::Tensor> mixed(n), step3(n);
+  const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(n, 5000), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    for (const bool use_mixed : {true, false}) {
+      std::vector<fsdp::FlatParam> flats;
+      for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+      torch::Tensor h = rows(p.x, r, n);
+      for (size_t l = 0; l < 3; ++l) {
+        const fsdp::LayerFn& fn = (r == 1 && l == 1) ? skip : kLayers[l];
+        h = use_mixed ? fsdp::sharded_forward_mixed(comm, flats[l], fn, h, kFloat32)
+                      : fsdp::sharded_forward(comm, flats[l], fn, h);
+      }
+      torch::mse_loss(h, rows(p.y, r, n)).backward();
+      (use_mixed ? mixed : step3)[static_cast<size_t>(r)] = flats[1].shard.grad().clone();
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    INFO(outcomes[static_cast<size_t>(r)].error);
+    REQUIRE(outcomes[static_cast<size_t>(r)].ok);
+    CHECK(torch::equal(mixed[static_cast<size_t>(r)], step3[static_cast<size_t>(r)]));  // float32: exactly step 3
+  }
 }

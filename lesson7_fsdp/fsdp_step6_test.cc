@@ -187,6 +187,93 @@ TEST_CASE("[step6] the full state on rank 0 equals the unsharded parameters; the
   }
 }
 
+namespace {
+
+// The oracle of Adam's state: one process, the full batch, `steps` Adam steps as full_batch takes them; per
+// parameter (in full_state's order) {exp_avg, exp_avg_sq}.
+std::vector<std::vector<torch::Tensor>> full_batch_moments(const Problem& p, int steps) {
+  std::vector<std::vector<torch::Tensor>> layers;
+  std::vector<torch::Tensor> all;
+  for (const auto& layer : p.layers) {
+    layers.emplace_back();
+    for (const auto& t : layer) {
+      layers.back().push_back(t.clone().requires_grad_(true));
+      all.push_back(layers.back().back());
+    }
+  }
+  torch::optim::Adam adam(all, torch::optim::AdamOptions(0.01));
+  for (int s = 0; s < steps; ++s) {
+    adam.zero_grad();
+    torch::Tensor h = p.x;
+    for (size_t l = 0; l < layers.size(); ++l) h = kLayers[l](h, layers[l]);
+    torch::mse_loss(h, p.y).backward();
+    adam.step();
+  }
+  std::vector<std::vector<torch::Tensor>> out;
+  for (const auto& t : all) {
+    const auto& state = static_cast<const torch::optim::AdamParamState&>(*adam.state().at(key_of(adam.state(), t)));
+    out.push_back({state.exp_avg().clone(), state.exp_avg_sq().clone()});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("[step6] Adam's moments in full on rank 0 equal one process's; the other ranks get none") {
+  const Problem p = make_problem();
+  const std::vector<std::vector<torch::Tensor>> reference = full_batch_moments(p, 2);
+  for (const int n : {2, 3}) {
+    std::vector<std::vector<std::vector<torch::Tensor>>> got(static_cast<size_t>(n));
+    std::vector<int64_t> sent(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      const fsdp::ShardedCheckpoint ckpt = train(comm, p, fresh(p, comm.rank(), n), 2);
+      comm.reset_stats();
+      got[static_cast<size_t>(comm.rank())] = fsdp::full_optim_state(comm, ckpt.flats, ckpt.optim_state);
+      sent[static_cast<size_t>(comm.rank())] = comm.stats().send_bytes;
+    });
+    CAPTURE(n);
+    REQUIRE(got[0].size() == reference.size());  // one list per parameter: 3 weights and 3 biases
+    for (size_t k = 0; k < 2; ++k) {
+      CAPTURE(k);  // 0: exp_avg, 1: exp_avg_sq
+      std::vector<torch::Tensor> mine, theirs;
+      for (size_t i = 0; i < reference.size(); ++i) {
+        REQUIRE(got[0][i].size() == 2);
+        mine.push_back(got[0][i][k]);
+        theirs.push_back(reference[i][k]);
+      }
+      const double rel = rel_error(mine, theirs);  // the shapes too: rel_error requires them equal
+      CAPTURE(rel);
+      CHECK(rel <= 1e-6);  // the gradients' float32 sums in another order, as in step 3; the gathers only copy
+    }
+    int64_t bytes = 0;  // per layer, two gathers of its padded state: (N - 1) x S floats each
+    for (int l = 0; l < 3; ++l) bytes += 2 * (n - 1) * shard_of(kLayerNumel[l], n) * 4;
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CHECK(sent[static_cast<size_t>(r)] == bytes);
+      if (r > 0) CHECK(got[static_cast<size_t>(r)].empty());
+    }
+  }
+}
+
+TEST_CASE("[step6] Adam's full state: a bad state on one rank is refused on every rank, by name") {
+  const Problem p = make_problem();
+  // Every layer's state: `k` tensors of zeros, the shard's length (one element more in layer 1's first on
+  // rank 1 when `long_on_rank1`).
+  const auto run = [&](bool long_on_rank1, size_t k_on_rank1) {
+    return [&p, long_on_rank1, k_on_rank1](dist::Comm& comm) {
+      fsdp::ShardedCheckpoint ckpt = fresh(p, comm.rank(), 2);
+      const size_t k = comm.rank() == 1 ? k_on_rank1 : 2;
+      for (size_t l = 0; l < ckpt.flats.size(); ++l) {
+        for (size_t i = 0; i < k; ++i) ckpt.optim_state[l].push_back(torch::zeros({ckpt.flats[l].shard.numel()}));
+      }
+      if (comm.rank() == 1 && long_on_rank1) ckpt.optim_state[1][0] = torch::zeros({ckpt.flats[1].shard.numel() + 1});
+      fsdp::full_optim_state(comm, ckpt.flats, ckpt.optim_state);
+    };
+  };
+  check_fails_on_every_rank(2, run(true, 2), "on rank 1: a state tensor of layer 1 has 105 elements, but");
+  check_fails_on_every_rank(2, run(false, 1), "the ranks disagree on the state they gather");
+}
+
 TEST_CASE("[step6] a checkpoint of another model is refused by name on every rank") {
   const Problem p = make_problem();
   const std::string dir = fresh_dir("other_model");

@@ -176,6 +176,92 @@ at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat) {
 }
 // [gather_full]
 
+// [agree_on_layer]
+namespace {
+
+// What a rank found wrong with its own arguments: it goes into the record, so that every rank throws it.
+enum LayerError : int64_t { kLayerOk = 0, kOtherRank = 1, kShardNotLeaf = 2, kBadParamDtype = 3, kBadReduceDtype = 4 };
+
+// A fingerprint of one layer's parameter shapes (FNV-1a over the dimensions).
+int64_t shapes_fingerprint(const FlatParam& flat) {
+  uint64_t h = 1469598103934665603ull;
+  const auto mix = [&h](int64_t v) { h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
+  for (const auto& shape : flat.shapes) {
+    mix(static_cast<int64_t>(shape.size()));
+    for (const int64_t d : shape) mix(d);
+  }
+  return static_cast<int64_t>(h >> 1);
+}
+
+// A record: {phase (1 forward, 2 backward), flat.rank, flat.world_size, numel, fingerprint, param dtype, reduce
+// dtype, error}.
+std::string layer_call(const std::vector<int64_t>& rec) {
+  return c10::str(rec[0] == 2 ? "the backward" : "the forward", " of a layer of ", rec[3], " elements (shapes #",
+                  rec[4] % 10000, "), gathered in ", static_cast<at::ScalarType>(rec[5]), ", reduced in ",
+                  static_cast<at::ScalarType>(rec[6]));
+}
+
+std::string layer_error(const std::vector<int64_t>& rec, size_t rank, int world_size) {
+  switch (rec[7]) {
+    case kOtherRank:
+      return c10::str("the FlatParam was made for rank ", rec[1], " of ", rec[2], ", but this is rank ", rank, " of ",
+                      world_size);
+    case kShardNotLeaf:
+      return "the layer's shard must be a leaf that requires grad (flatten_and_shard makes it one)";
+    case kBadParamDtype:
+      return c10::str("MixedPrecision: param_dtype must be float32, bfloat16 or float16, got ",
+                      static_cast<at::ScalarType>(rec[5]));
+    default:
+      return c10::str("MixedPrecision: reduce_dtype must be float32 or the param_dtype (",
+                      static_cast<at::ScalarType>(rec[5]), "), got ", static_cast<at::ScalarType>(rec[6]));
+  }
+}
+
+}  // namespace
+
+void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::ScalarType param_dtype,
+                    at::ScalarType reduce_dtype) {
+  // This rank's own findings go into its record, not into a throw of its own: its peers would wait here for it.
+  int64_t error = kLayerOk;
+  if (flat.rank != comm.rank() || flat.world_size != comm.world_size()) {
+    error = kOtherRank;
+  } else if (!backward && !(flat.shard.defined() && flat.shard.is_leaf() && flat.shard.requires_grad())) {
+    error = kShardNotLeaf;
+  } else if (param_dtype != at::kFloat && param_dtype != at::kBFloat16 && param_dtype != at::kHalf) {
+    error = kBadParamDtype;
+  } else if (reduce_dtype != at::kFloat && reduce_dtype != param_dtype) {
+    error = kBadReduceDtype;
+  }
+  const std::vector<int64_t> mine{backward ? 2 : 1,
+                                  flat.rank,
+                                  flat.world_size,
+                                  flat.numel,
+                                  shapes_fingerprint(flat),
+                                  static_cast<int64_t>(param_dtype),
+                                  static_cast<int64_t>(reduce_dtype),
+                                  error};
+  std::vector<std::vector<int64_t>> all;
+  for (const at::Tensor& t : comm.all_gather(at::tensor(mine, at::kLong))) {
+    const at::Tensor c = t.contiguous();
+    all.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  for (size_t r = 0; r < all.size(); ++r) {
+    TORCH_CHECK(all[r][7] == kLayerOk, "agree_on_layer: on rank ", r, ": ", layer_error(all[r], r, comm.world_size()));
+  }
+  // The same call everywhere: every slot but the FlatParam's rank (slot 1) is the same on every rank.
+  bool same = true;
+  for (const auto& rec : all) {
+    for (size_t i = 0; i < rec.size(); ++i) same = same && (i == 1 || rec[i] == all[0][i]);
+  }
+  if (same) return;
+  std::string ranks;
+  for (size_t r = 0; r < all.size(); ++r) ranks += c10::str(r ? "; " : "", "rank ", r, ": ", layer_call(all[r]));
+  TORCH_CHECK(false, "agree_on_layer: the ranks disagree on the layer they are about to gather (", ranks,
+              "): every rank must run the same layers in the same order, in the same dtypes, and backpropagate "
+              "through each of them (a layer that one rank's loss skips gets no gradient there)");
+}
+// [agree_on_layer]
+
 // [sharded_forward]
 namespace {
 
@@ -189,6 +275,7 @@ struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
     ctx->saved_data["flat"] = reinterpret_cast<int64_t>(flat);
     ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
     ctx->save_for_backward({x});
+    agree_on_layer(*comm, *flat, false);  // every rank is about to gather this layer, or every rank learns why not
     const at::Tensor full = gather_full(*comm, *flat);
     return (*fn)(x, unflatten(*flat, full));
     // `full` and its views end here: nothing of the gathered buffer outlives the forward.
@@ -201,6 +288,8 @@ struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
     const auto* fn = reinterpret_cast<const LayerFn*>(ctx->saved_data["fn"].toInt());
     const at::Tensor x = ctx->get_saved_variables()[0];
     const bool needs_x = ctx->needs_input_grad(0);
+    // A rank whose loss skips this layer is in another layer's agreement (or its next forward's): named, not a wait.
+    agree_on_layer(*comm, *flat, true);
     // Gather again (the forward freed it) and recompute the layer with autograd on, from the saved input.
     const at::Tensor full = gather_full(*comm, *flat).requires_grad_(true);
     const at::Tensor x_in = x.detach().requires_grad_(needs_x);
@@ -226,8 +315,7 @@ struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
 }  // namespace
 
 at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x) {
-  TORCH_CHECK(flat.shard.defined() && flat.shard.is_leaf() && flat.shard.requires_grad(),
-              "sharded_forward: flat.shard must be a leaf that requires grad (flatten_and_shard makes it one)");
+  // A shard that does not require grad is refused in the forward's agreement, on every rank.
   return ShardedLayer::apply(x, flat.shard, &comm, &flat, &fn);
 }
 // [sharded_forward]
@@ -251,6 +339,8 @@ struct ShardedStack::State {
   /// Per layer: the autograd node of its last forward while that forward's backward has not run (held weakly:
   /// expired once the graph is gone, as after a backward or when the output is dropped).
   std::vector<std::weak_ptr<torch::autograd::Node>> awaiting_backward;
+  /// Layers backpropagated on this rank since the last finish(): forward() refuses to start while it is not 0.
+  int64_t backwards_since_finish = 0;
 };
 
 ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
@@ -293,12 +383,20 @@ constexpr int kPrefetchTag = 1 << 16;  // + layer: apart from the rings' tags (0
 // rank says what it is about to do in one all-gather of a record of kRecord int64. Every rank then sees every
 // rank's record and throws the same error, instead of waiting in a gather or a reduce-scatter that a peer never
 // joins. A record: {phase, a, b, c, d, error, error_layer, error_other}.
-enum Phase : int64_t { kForwardPhase = 1, kBackwardPhase = 2 };
-enum LocalError : int64_t { kNoError = 0, kFnCount = 1, kNotLeaf = 2, kListedTwice = 3, kGatheredTwice = 4 };
+enum Phase : int64_t { kForwardPhase = 1, kBackwardPhase = 2, kFinishPhase = 3 };
+enum LocalError : int64_t {
+  kNoError = 0,
+  kFnCount = 1,
+  kNotLeaf = 2,
+  kListedTwice = 3,
+  kGatheredTwice = 4,
+  kNotFinished = 5
+};
 constexpr int64_t kRecord = 8;
 
 std::string doing(const std::vector<int64_t>& rec) {
   if (rec[0] == kForwardPhase) return c10::str("a forward of ", rec[1], " layers (", rec[3], " elements)");
+  if (rec[0] == kFinishPhase) return "finish()";
   return c10::str("layer ", rec[1], "'s backward");
 }
 
@@ -312,6 +410,9 @@ std::string local_error(const std::vector<int64_t>& rec) {
       return c10::str("layer ", rec[6], " is layer ", rec[7],
                       " again (the same shard): a layer runs once per forward, and an optimizer, a checkpoint or "
                       "full_state given every shard would take it twice");
+    case kNotFinished:
+      return c10::str("finish() was not called after the previous backward (", rec[6],
+                      " layers backpropagated since): call it after every backward, on every rank");
     default:
       return c10::str("layer ", rec[6], " was gathered twice before its backward: the previous forward's graph ",
                       "still waits for its backward (a layer runs once per forward; backpropagate first, or run "
@@ -343,6 +444,8 @@ void agree(ShardedStack::State& s, std::vector<int64_t> mine) {
   for (const auto& rec : all) {
     if (rec[0] == kBackwardPhase) layer = std::max(layer, rec[1]);
   }
+  TORCH_CHECK(layer >= 0, "ShardedStack: the ranks are at different calls (", ranks,
+              "): every rank must call forward(), backpropagate and call finish() alike");
   size_t missing = 0;
   while (missing + 1 < all.size() && all[missing][0] == kBackwardPhase && all[missing][1] == layer) ++missing;
   const std::string why = c10::str("it is in ", doing(all[missing]), " instead: its loss does not depend on the layer");
@@ -405,6 +508,7 @@ struct StackLayer : public torch::autograd::Function<StackLayer> {
     auto* s = reinterpret_cast<ShardedStack::State*>(ctx->saved_data["state"].toInt());
     const int64_t layer = ctx->saved_data["layer"].toInt();
     s->awaiting_backward[layer].reset();
+    s->backwards_since_finish += 1;
     // Every rank is about to backpropagate through this layer, or every rank learns which one is not.
     agree(*s, {kBackwardPhase, layer});
     const at::Tensor x = ctx->get_saved_variables()[0];
@@ -452,6 +556,7 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
     record[6] = static_cast<int64_t>(layer);
     record[7] = static_cast<int64_t>(other);
   };
+  if (s.backwards_since_finish > 0) fail(kNotFinished, static_cast<size_t>(s.backwards_since_finish), 0);
   if (s.fns.size() != s.flats.size()) fail(kFnCount, 0, 0);
   for (size_t l = 0; l < s.flats.size(); ++l) {
     const at::Tensor& shard = s.flats[l].shard;
@@ -469,6 +574,14 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
     if (h.grad_fn()) s.awaiting_backward[l] = h.grad_fn();
   }
   return h;
+}
+
+void ShardedStack::finish() {
+  State& s = *state_;
+  s.backwards_since_finish = 0;
+  // A rank whose backward never reached the stack comes here while its peers wait before a layer's backward: the
+  // records differ, and every rank learns which layer got no gradient where, instead of waiting for the timeout.
+  agree(s, {kFinishPhase});
 }
 // [sharded_stack]
 
@@ -503,6 +616,7 @@ struct MixedLayer : public torch::autograd::Function<MixedLayer> {
     ctx->saved_data["param_dtype"] = static_cast<int64_t>(mp.param_dtype);
     ctx->saved_data["reduce_dtype"] = static_cast<int64_t>(mp.reduce_dtype);
     ctx->save_for_backward({x});
+    agree_on_layer(*comm, *flat, false, mp.param_dtype, mp.reduce_dtype);
     const at::Tensor full = gather_full_as(*comm, *flat, mp.param_dtype);
     return (*fn)(x.to(mp.param_dtype), unflatten(*flat, full));
   }
@@ -516,6 +630,7 @@ struct MixedLayer : public torch::autograd::Function<MixedLayer> {
     const auto reduce_dtype = static_cast<at::ScalarType>(ctx->saved_data["reduce_dtype"].toInt());
     const at::Tensor x = ctx->get_saved_variables()[0];
     const bool needs_x = ctx->needs_input_grad(0);
+    agree_on_layer(*comm, *flat, true, param_dtype, reduce_dtype);
     const at::Tensor full = gather_full_as(*comm, *flat, param_dtype).requires_grad_(true);
     const at::Tensor x_in = x.detach().to(param_dtype).requires_grad_(needs_x);
     torch::autograd::variable_list grads;
@@ -524,14 +639,16 @@ struct MixedLayer : public torch::autograd::Function<MixedLayer> {
       const at::Tensor y = (*fn)(x_in, unflatten(*flat, full));
       torch::autograd::variable_list inputs{full};
       if (needs_x) inputs.push_back(x_in);
-      grads = torch::autograd::grad({y}, inputs, {grad_outputs[0].to(y.scalar_type())});
+      // allow_unused, as step 3: parameters this rank's layer function ignores get zeros, not a throw here alone.
+      grads = torch::autograd::grad({y}, inputs, {grad_outputs[0].to(y.scalar_type())}, {}, false, true);
     }
+    const at::Tensor local = grads[0].defined() ? grads[0] : at::zeros({flat->padded_numel}, at::kFloat);
     // The reduction in reduce_dtype (divided by N before it, as step 3), then float32 for the optimizer.
-    const at::Tensor flat_grad = grads[0].to(reduce_dtype) / static_cast<double>(comm->world_size());
+    const at::Tensor flat_grad = local.to(reduce_dtype) / static_cast<double>(comm->world_size());
     at::Tensor reduced = at::empty({flat->padded_numel / flat->world_size}, at::TensorOptions().dtype(reduce_dtype));
     reduce_scatter_into(*comm, flat_grad, reduced);
     const at::Tensor shard_grad = reduced.to(at::kFloat);
-    return {needs_x ? grads[1].to(x.scalar_type()) : at::Tensor(),
+    return {needs_x && grads[1].defined() ? grads[1].to(x.scalar_type()) : at::Tensor(),
             shard_grad,
             at::Tensor(),
             at::Tensor(),
@@ -544,9 +661,7 @@ struct MixedLayer : public torch::autograd::Function<MixedLayer> {
 
 at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x,
                                  const MixedPrecision& mp) {
-  check_mixed_precision(mp);
-  TORCH_CHECK(flat.shard.defined() && flat.shard.is_leaf() && flat.shard.requires_grad(),
-              "sharded_forward_mixed: flat.shard must be a leaf that requires grad (flatten_and_shard makes it one)");
+  // The dtypes and the shard are checked in the forward's agreement, on every rank alike.
   return MixedLayer::apply(x, flat.shard, &comm, &flat, &fn, mp);
 }
 // [mixed_precision]
@@ -739,5 +854,91 @@ std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam
   return out;
 }
 // [full_state]
+
+// [full_optim_state]
+namespace {
+
+// What a rank found wrong with its arguments: it goes into the record, so that every rank throws it.
+enum StateError : int64_t { kStateOk = 0, kStateOtherRank = 1, kStateLists = 2, kStateCount = 3, kStateElements = 4 };
+
+// A record: {layers, state tensors per layer, error, layer, got, want}.
+std::string state_error(const std::vector<int64_t>& rec) {
+  switch (rec[2]) {
+    case kStateOtherRank:
+      return c10::str("FlatParam ", rec[3], " was made for rank ", rec[4], " of ", rec[5]);
+    case kStateLists:
+      return c10::str("one state list per FlatParam: ", rec[5], " FlatParams, ", rec[4], " state lists");
+    case kStateCount:
+      return c10::str("layer ", rec[3], " has ", rec[4], " state tensors, but layer 0 has ", rec[5]);
+    default:
+      return c10::str("a state tensor of layer ", rec[3], " has ", rec[4], " elements, but the shard has ", rec[5]);
+  }
+}
+
+}  // namespace
+
+std::vector<std::vector<at::Tensor>> full_optim_state(dist::Comm& comm, const std::vector<FlatParam>& flats,
+                                                      const std::vector<std::vector<at::Tensor>>& optim_state) {
+  // This rank's findings go into its record: a rank that threw alone would leave its peers in the first gather.
+  const int64_t k = optim_state.empty() ? 0 : static_cast<int64_t>(optim_state[0].size());
+  std::vector<int64_t> mine{static_cast<int64_t>(flats.size()), k, kStateOk, 0, 0, 0};
+  const auto fail = [&mine](int64_t error, size_t layer, int64_t got, int64_t want) {
+    if (mine[2] != kStateOk) return;
+    mine[2] = error;
+    mine[3] = static_cast<int64_t>(layer);
+    mine[4] = got;
+    mine[5] = want;
+  };
+  if (optim_state.size() != flats.size()) {
+    fail(kStateLists, 0, static_cast<int64_t>(optim_state.size()), static_cast<int64_t>(flats.size()));
+  }
+  for (size_t l = 0; l < flats.size() && l < optim_state.size(); ++l) {
+    const FlatParam& flat = flats[l];
+    if (flat.rank != comm.rank() || flat.world_size != comm.world_size()) {
+      fail(kStateOtherRank, l, flat.rank, flat.world_size);
+    }
+    if (static_cast<int64_t>(optim_state[l].size()) != k) {
+      fail(kStateCount, l, static_cast<int64_t>(optim_state[l].size()), k);
+    }
+    for (const at::Tensor& state : optim_state[l]) {
+      const int64_t size = flat.padded_numel / std::max(flat.world_size, 1);
+      const int64_t got = state.defined() ? state.numel() : 0;
+      if (got != size) fail(kStateElements, l, got, size);
+    }
+  }
+  std::vector<std::vector<int64_t>> all;
+  for (const at::Tensor& t : comm.all_gather(at::tensor(mine, at::kLong))) {
+    const at::Tensor c = t.contiguous();
+    all.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  for (size_t r = 0; r < all.size(); ++r) {
+    TORCH_CHECK(all[r][2] == kStateOk, "full_optim_state: on rank ", r, ": ", state_error(all[r]));
+  }
+  std::string ranks;
+  bool same = true;
+  for (size_t r = 0; r < all.size(); ++r) {
+    same = same && all[r][0] == all[0][0] && all[r][1] == all[0][1];
+    ranks += c10::str(r ? "; " : "", "rank ", r, ": ", all[r][0], " layers of ", all[r][1], " state tensors");
+  }
+  TORCH_CHECK(same, "full_optim_state: the ranks disagree on the state they gather (", ranks,
+              "): every rank must pass its state of the same layers");
+  // Per parameter, in full_state's order, its state tensors in its shape: gathered as the parameters are.
+  std::vector<std::vector<at::Tensor>> out;
+  for (size_t l = 0; l < flats.size(); ++l) {
+    const FlatParam& flat = flats[l];
+    const size_t first = out.size();
+    if (comm.rank() == 0) out.resize(first + flat.shapes.size());
+    for (const at::Tensor& state : optim_state[l]) {
+      at::Tensor full = at::empty({flat.padded_numel}, at::kFloat);
+      all_gather_into(comm, state.detach().to(at::kFloat).contiguous().view({-1}), full);
+      if (comm.rank() == 0) {  // rank 0 keeps a copy of each parameter's piece, in its shape
+        const std::vector<at::Tensor> views = unflatten(flat, full);
+        for (size_t i = 0; i < views.size(); ++i) out[first + i].push_back(views[i].clone());
+      }
+    }
+  }
+  return out;
+}
+// [full_optim_state]
 
 }  // namespace fsdp
