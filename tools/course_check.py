@@ -10,7 +10,7 @@ It fails on
     a folder not called lesson<number>_*;
   - a lesson without one of its parts: README.md with {#lessonN}, BUILD, demo.cc, a learner file, a header, a
     check source, its `tests` targets in both BUILD files, a bench case in its solution folder that registers
-    itself as "lN", a mutants module there whose MUTANTS patch only that lesson's solution;
+    itself as "lN", a mutants module there whose MUTANTS patch only that lesson's solution or its own folder (lessonN_topic/, e.g. its compiler flags);
   - a list of lessons elsewhere that disagrees: the README's numbered course list (every lesson that is not a
     draft, and no other), a bench case file or mutants module left in the old places (bench/lessonN.cc,
     tools/mutants/lessonN.py), a case registered for a lesson the manifest lacks.
@@ -146,9 +146,10 @@ def check(root):
             files = mutant_files(module)
             if not files:
                 problems.append("%s has no MUTANTS" % shown_module)
+            # The reference, or the lesson's own build files (its compiler flags: lesson6_fusion/kernel_copts.bzl).
             for f in sorted(set(files)):
-                if not f.startswith("solutions/%s/" % d):
-                    problems.append("%s patches %s, outside solutions/%s/" % (shown_module, f, d))
+                if not (f.startswith("solutions/%s/" % d) or f.startswith("%s/" % d)):
+                    problems.append("%s patches %s, outside solutions/%s/ and %s/" % (shown_module, f, d, d))
         if getattr(lesson, "draft", False):
             continue  # a draft is not in the README's course list yet
         # An item may go on over indented lines.
