@@ -157,10 +157,9 @@ void lesson7_case(bench::Context& c) {
                               std::to_string(sharded.kept) +
                                   " bytes kept on rank 0 (shards, their gradients, Adam's moments); bytes: counted",
                               "l7.fsdp", -1});
-  c.peer->run("l7", "ranks=" + std::to_string(kRanks) + ",layers=" + std::to_string(layers) +
-                        ",width=" + std::to_string(width) + ",items=" + std::to_string(items) +
-                        ",steps=" + std::to_string(steps) + ",threads=" + std::to_string(threads) +
-                        ",timeout=" + std::string(c.quick ? "180" : "600"));
+  c.peer->run("l7", "ranks=" + std::to_string(kRanks) + ",layers=" + std::to_string(layers) + ",width=" +
+                        std::to_string(width) + ",items=" + std::to_string(items) + ",steps=" + std::to_string(steps) +
+                        ",threads=" + std::to_string(threads) + ",timeout=" + std::string(c.quick ? "180" : "600"));
   c.notes.push_back(
       "Lesson 7: PyTorch's side is FullyShardedDataParallel(FULL_SHARD) on gloo, one unit per Linear inside a root "
       "unit, beside our ShardedStack with prefetch; the demo's model, seeds and slices, Adam(1e-3), one warm-up step, "
