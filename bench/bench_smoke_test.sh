@@ -62,8 +62,15 @@ if /usr/bin/python3 -c 'import torch' > /dev/null 2>&1; then
   check "2 lesson-3 lines with PyTorch's time and a ratio (got $l3)" test "$l3" -eq 2
   check "lesson 3's op table has aten::to's calls per step on both sides" \
     grep -qE '^\| aten::to \| [0-9.]+ \| [0-9.]+ \| (yes|NO) \|' "$out/bench_cpu.md"
-  # 13 for lessons 1-5, lesson 6's torch.optim.AdamW, and its fused AdamW where this PyTorch has one for the CPU.
+  # Lesson 7: FSDP's time beside ShardedStack's, or, where this PyTorch cannot run FSDP on the CPU (Debian 12's
+  # 1.13 cannot), a cell that names what failed.
+  l7='^\| lesson 7: Fully sharded data parallel, one training step \| [^|]+ \| [0-9.]+ \| '
+  check "the lesson 7 line has FSDP's time or names what failed" grep -qE \
+    "$l7([0-9.]+ \\| [0-9.]+x .*FullyShardedDataParallel|- \\|.*FSDP in PyTorch [^|]*(failed|raised))" "$out/bench_cpu.md"
+  # 13 for lessons 1-5, lesson 6's torch.optim.AdamW, and its fused AdamW where this PyTorch has one for the CPU;
+  # one more where lesson 7's FSDP ran.
   expected=14
+  if grep -qE "$l7[0-9.]+ \\| [0-9.]+x " "$out/bench_cpu.md"; then expected=$((expected + 1)); fi
   if /usr/bin/python3 -c 'import sys, torch; v = tuple(int(x) for x in torch.__version__.split(".")[:2]); sys.exit(v < (2, 4))' \
     > /dev/null 2>&1; then expected=15; fi
   verdicts=$(grep -cE '\| (within noise|ours slower|ours faster) \|' "$out/bench_cpu.md")

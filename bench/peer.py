@@ -15,6 +15,8 @@ same warm-up and repetitions, same timer: synchronise, clock, work, synchronise,
   l5      lesson 5's data-parallel step: DistributedDataParallel (gloo, the same bucket cap) and DDP +
           ZeroRedundancyOptimizer, on N spawned rank processes meeting at a FileStore (bounded by a timeout)
   l6      lesson 6's AdamW step: torch.optim.AdamW, and with fused=True where the version has it for the device
+  l7      lesson 7's sharded training step: FullyShardedDataParallel (FULL_SHARD, gloo) on N spawned rank
+          processes; where this PyTorch cannot run it on the CPU, an `na` line with what failed (exception text)
 
 Peak bytes. On CUDA: the caching allocator's statistics (peak minus what was allocated at the start), as the
 C++ meter reads them. On CPU: the CPU allocator's allocation and free events from the legacy profiler
@@ -546,6 +548,146 @@ def case_l5(device, spec):
                                                               out["threads"]))
 
 
+def _fsdp_import():
+    """PyTorch's FSDP classes, or (None, None, reason): what importing torch.distributed.fsdp raised here."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    except Exception as error:  # e.g. 1.13 on Python 3.11: a dataclass default that 3.11 refuses (ValueError)
+        return None, None, "import torch.distributed.fsdp failed (%s: %s)" % (
+            type(error).__name__, str(error).split("\n")[0][:200])
+    return FullyShardedDataParallel, ShardingStrategy, ""
+
+
+def _l7_rank(rank, world, store_path, spec, results):
+    """One rank of case_l7 (a spawned process): the demo's MLP under FSDP(FULL_SHARD), Adam, timed steps."""
+    import os
+    import torch.distributed as dist
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import faulthandler
+    faulthandler.dump_traceback_later(float(spec.get("timeout", "600")) * 0.9, exit=True)
+    torch.set_num_threads(int(spec["threads"]))
+    layers, width, items, steps = int(spec["layers"]), int(spec["width"]), int(spec["items"]), int(spec["steps"])
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    stage = "import"
+    try:
+        fsdp_class, strategy, reason = _fsdp_import()
+        if fsdp_class is None:
+            raise RuntimeError(reason)
+        # lesson7_fsdp/demo.cc: the model from seed 3 (Linear(width, width) then tanh, `layers` times), the data
+        # from seed 4, each rank its contiguous slice of the items.
+        torch.manual_seed(3)
+        linears = [torch.nn.Linear(width, width) for _ in range(layers)]
+        torch.manual_seed(4)
+        x, y = torch.randn(items, width), torch.randn(items, width)
+        per_rank = items // world
+        xr, yr = x.narrow(0, rank * per_rank, per_rank), y.narrow(0, rank * per_rank, per_rank)
+        stage = "FullyShardedDataParallel(..., sharding_strategy=FULL_SHARD)"
+        # One FSDP unit per layer (as the lesson shards layer by layer), inside a root unit.
+        blocks = []
+        for linear in linears:
+            blocks += [fsdp_class(linear, sharding_strategy=strategy.FULL_SHARD), torch.nn.Tanh()]
+        model = fsdp_class(torch.nn.Sequential(*blocks), sharding_strategy=strategy.FULL_SHARD)
+        stage = "torch.optim.Adam"
+        adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step():
+            adam.zero_grad()
+            F.mse_loss(model(xr), yr).backward()
+            adam.step()
+
+        stage = "the first step (forward, backward, Adam)"
+        step()
+        stage = "the timed steps"
+        samples = []
+        for _ in range(steps):
+            dist.barrier()
+            start = time.perf_counter()
+            step()
+            samples.append((time.perf_counter() - start) * 1e3)
+        # What this rank keeps between steps: its parameters' storage, their gradients, Adam's moments.
+        kept = 0
+        for p in model.parameters():
+            kept += p.numel() * p.element_size()
+            if p.grad is not None:
+                kept += p.grad.numel() * p.grad.element_size()
+        for state in adam.state.values():
+            for name in ("exp_avg", "exp_avg_sq"):
+                if name in state:
+                    kept += state[name].numel() * state[name].element_size()
+        out = {"samples": samples, "kept": kept, "threads": torch.get_num_threads(), "error": ""}
+        dist.barrier()
+    except Exception as error:
+        out = {"error": "%s raised %s: %s" % (stage, type(error).__name__, str(error).split("\n")[0][:200])}
+    if rank == 0:
+        results.put(out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no group teardown, as _l5_rank
+
+
+def case_l7(device, spec):
+    """Lesson 7: one training step of lesson7_fsdp/demo.cc's MLP (same sizes and seeds, Adam(1e-3)) under PyTorch's
+    FullyShardedDataParallel (ShardingStrategy.FULL_SHARD, one unit per Linear) on `ranks` spawned processes in one
+    gloo group on loopback, beside the lesson's ShardedStack. Where this PyTorch cannot (the import fails, or FSDP
+    refuses the CPU), the row says what failed, with the exception's text. Bounded by spec["timeout"] seconds."""
+    import os
+    import shutil
+    import tempfile
+    import torch.multiprocessing as mp
+    key, n = "l7.fsdp", int(spec["ranks"])
+    if device.type != "cpu":
+        emit("na", key, "the lesson 7 bench runs gloo on CPU only")
+        return
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        emit("na", key, "this torch has no gloo backend")
+        return
+    prefix = "FSDP in PyTorch %s (Python %d.%d.%d): " % ((torch.__version__,) + tuple(sys.version_info[:3]))
+    fsdp_class, _, reason = _fsdp_import()
+    if fsdp_class is None:  # the same in every rank: say so without starting them
+        emit("na", key, prefix + reason)
+        return
+    context = mp.get_context("spawn")
+    timeout = float(spec.get("timeout", "600"))
+    folder = tempfile.mkdtemp(prefix="bench_peer_l7_")
+    results = context.SimpleQueue()
+    ranks = [context.Process(target=_l7_rank, args=(r, n, os.path.join(folder, "store"), spec, results))
+             for r in range(n)]
+    failure = ""
+    try:
+        for p in ranks:
+            p.start()
+        deadline = time.monotonic() + timeout
+        while any(p.is_alive() for p in ranks) and time.monotonic() < deadline:
+            if any(p.exitcode not in (None, 0) for p in ranks):
+                break
+            time.sleep(0.05)
+        for r, p in enumerate(ranks):
+            if p.is_alive():
+                failure = failure or ("rank %d still running after %.0f s: killed" % (r, timeout)
+                                      if time.monotonic() >= deadline else "rank %d was left waiting" % r)
+                p.kill()  # only the processes this case started
+            p.join()
+            if p.exitcode != 0 and not failure:
+                failure = "rank %d exited with status %s (its error is printed above)" % (r, p.exitcode)
+        out = None if results.empty() else results.get()
+    finally:
+        for p in ranks:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        shutil.rmtree(folder, ignore_errors=True)
+    if out is not None and out["error"]:
+        emit("na", key, prefix + out["error"])  # FSDP refused: a fact about this PyTorch, not a bench failure
+        return
+    if out is None or failure:
+        raise SystemExit("peer.py l7 with %d ranks: %s" % (n, failure or "rank 0 sent no results"))
+    samples = out["samples"]
+    row(key, (_l5_median(samples), min(samples), max(samples)), None,
+        "FullyShardedDataParallel(gloo, FULL_SHARD, one unit per Linear) + Adam; %d bytes kept on rank 0 "
+        "(parameters, gradients, Adam's moments); %d thread(s)/rank" % (out["kept"], out["threads"]))
+
+
 def case_l6(device, spec):
     """Lesson 6: one AdamW step over one float32 parameter of `numel` elements, as torch.optim.AdamW runs it by
     default here (beside torch::optim::AdamW), and with fused=True (beside the workshop's fused operator) where
@@ -676,7 +818,7 @@ def case_l3(device, spec):
 
 
 CASES = {"l1": case_l1, "l2": case_l2, "l3": case_l3, "l4": case_l4, "scaler": case_scaler, "l5": case_l5,
-         "l6": case_l6}
+         "l6": case_l6, "l7": case_l7}
 
 
 def main():
