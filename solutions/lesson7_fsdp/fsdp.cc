@@ -583,7 +583,8 @@ struct StackLayer : public torch::autograd::Function<StackLayer> {
     // rank still joins the reduce-scatter that its peers are in.
     const at::Tensor local = grads[0].defined() ? grads[0] : at::zeros({flat.padded_numel}, at::kFloat);
     // Reduced in the reduce dtype, then float32 for the optimizer, as step 5's sharded_forward_mixed does
-    // (without a MixedPrecision both are float32, and neither cast copies).
+    // (without a MixedPrecision both are float32, and neither cast copies). Autograd's engine would cast the
+    // shard's gradient to the shard's float32 anyway; the cast says where the optimizer's float32 comes from.
     const at::ScalarType reduce_dtype = s->mp.reduce_dtype;
     const at::Tensor flat_grad = local.to(reduce_dtype) / static_cast<double>(s->comm.world_size());
     at::Tensor reduced = at::empty({flat.padded_numel / flat.world_size}, at::TensorOptions().dtype(reduce_dtype));

@@ -221,10 +221,10 @@ MUTANTS = [
      "  mine.copy_(flat.shard.detach());  // in dtype:",
      "  flat.shard.detach().copy_(flat.shard.detach().to(dtype));\n  mine.copy_(flat.shard.detach());  // in dtype:",
      "the gather casts the master shard itself (in place) to the param dtype: small updates are rounded away"),
-    ("l7_mp_stack_grad_not_cast_back", SOLUTION,
-     "    const at::Tensor shard_grad = reduced.to(at::kFloat);\n    return {grads[1].defined()",
-     "    const at::Tensor shard_grad = reduced;\n    return {grads[1].defined()",
-     "the stack hands back the reduced gradient in reduce_dtype, not cast to the float32 master's dtype"),
+    # Not a mutant: the stack handing back the reduced gradient in reduce_dtype without .to(at::kFloat). Autograd's
+    # engine casts what a custom function returns to its input's dtype (validate_outputs in
+    # torch/csrc/autograd/engine.cpp), so the shard's gradient is float32 and the same bits either way: it survived
+    # every check (2026-12-06) because it changes nothing.
     ("l7_mp_stack_checked_alone", SOLUTION,
      "  if (s.mixed && !precision_error(s.mp).empty()) fail(kBadPrecision, 0, 0);",
      "  if (s.mixed) check_mixed_precision(s.mp);",
