@@ -19,14 +19,10 @@ sys.path.insert(0, tools_dir)
 sys.path.insert(0, docs_dir)
 import conventions  # noqa: E402
 from conventions import ConventionError  # noqa: E402
+from expectations import Expectations  # noqa: E402
 
-failures = []
-
-
-def check(ok, message):
-    if not ok:
-        failures.append(message)
-        print("FAIL: " + message)
+checks = Expectations(quiet=True)
+check = checks.expect
 
 
 def raises(function, *args):
@@ -147,5 +143,4 @@ check(set(seen.values()) == {"steps ok"}, "the four scripts do not accept `## St
 check(step_invariant.lesson_steps(lesson, root) == sorted(progress.steps_of(lesson, root)) == [1, 2, 3],
       "step_invariant and progress see different steps")
 
-print("%d passed, %d failed" % (0 if failures else 1, len(failures)))
-sys.exit(1 if failures else 0)
+checks.finish()

@@ -13,27 +13,16 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import course_check  # noqa: E402
 import manifest  # noqa: E402
+from expectations import Expectations, replace_once as edit  # noqa: E402
 
-failures = []
-
-
-def expect(condition, what):
-    print("%s: %s" % ("ok" if condition else "FAILED", what))
-    if not condition:
-        failures.append(what)
+checks = Expectations()
+expect = checks.expect
 
 
 lessons, problems = course_check.check(ROOT)
 for p in problems:
     print("  workspace: " + p)
 expect(not problems, "the workspace agrees with its manifest (%d lessons)" % len(lessons))
-
-
-def edit(path, old, new):
-    text = open(path, encoding="utf-8").read()
-    assert old in text, "%s: %r not found (the test's planted defect needs updating)" % (path, old)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text.replace(old, new, 1))
 
 
 first, last = lessons[0], lessons[-1]
@@ -108,5 +97,4 @@ for what, plant, message in DEFECTS:
 # The manifest stays one file that Python can read (tools/manifest.py): the scripts outside Bazel use it.
 expect([l.dir for l in manifest.load()] == [l.dir for l in lessons], "tools/manifest.py reads the same lessons")
 
-print("%d failed" % len(failures))
-sys.exit(1 if failures else 0)
+checks.finish()

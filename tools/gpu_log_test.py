@@ -20,14 +20,10 @@ import textwrap
 gpu_log_py, gpu_check_sh, probe = [os.path.abspath(p) for p in sys.argv[1:4]]
 sys.path.insert(0, os.path.dirname(gpu_log_py))
 import gpu_log  # noqa: E402
+from expectations import Expectations  # noqa: E402
 
-failures = []
-
-
-def check(condition, what):
-    print("%s: %s" % ("ok" if condition else "FAILED", what))
-    if not condition:
-        failures.append(what)
+checks = Expectations()
+check = checks.expect
 
 
 def binary_output(label, device, doctest, gpu_run=None, gpu_skipped=0):
@@ -204,5 +200,4 @@ check(status == 0 and " test " not in calls and len(runs(calls)) == 2, "PHASES=d
 status, output, calls = gpu_check("gpu_pass", False, phases="check")
 check(status == 2 and not calls.strip(), "an unknown phase stops the script before Bazel starts")
 
-print("%d failed" % len(failures))
-sys.exit(1 if failures else 0)
+checks.finish()

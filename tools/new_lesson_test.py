@@ -18,14 +18,10 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import course_check  # noqa: E402
 import manifest  # noqa: E402
+from expectations import Expectations  # noqa: E402
 
-failures = []
-
-
-def expect(condition, what):
-    print("%s: %s" % ("ok" if condition else "FAILED", what))
-    if not condition:
-        failures.append(what)
+checks = Expectations()
+expect = checks.expect
 
 
 def snapshot(root):
@@ -95,5 +91,4 @@ try:
 finally:
     shutil.rmtree(work, ignore_errors=True)
 
-print("%d failed" % len(failures))
-sys.exit(1 if failures else 0)
+checks.finish()

@@ -19,16 +19,14 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from expectations import Expectations  # noqa: E402
+
 progress, lessons_json = sys.argv[1:3]
 lessons = [l for l in json.load(open(lessons_json))]
 root = os.getcwd()  # the runfiles root: lesson sources and test binaries
-failures = []
-
-
-def check(ok, message):
-    if not ok:
-        failures.append(message)
-        print("FAIL: " + message)
+checks = Expectations(quiet=True)
+check = checks.expect
 
 
 def blocks(output):
@@ -127,5 +125,4 @@ check(re.search(r"^    %s/\w+\.(cc|cu):\d+  TODO\(lesson%d, step \d+\)" % (last[
       is not None, "the TODOs left are not listed with file:line")
 check("[step%d] CUDA: a GPU case (t.cc:99)" % steps[-1] in output, "the skipped check is not named")
 
-print("%d passed, %d failed" % (0 if failures else 1, len(failures)))
-sys.exit(1 if failures else 0)
+checks.finish()

@@ -254,17 +254,20 @@ __attribute__((always_inline)) inline void adamw_loop(T* p, const T* g, float* m
 // (8 lanes: Vectorized<float> is 8 floats in a small array, which gcc turns into one 256-bit instruction where
 // the function's target allows it). cpu_isa() picks one at run time; a CPU without AVX2 never enters the second.
 // KERNEL_COPTS' -ffp-contract=off keeps a * b + c two roundings in both (FMA would round once), so that the two
-// give the same bits, as the checks ask.
+// give the same bits, as the checks ask. flatten: every call in the copy is inlined into it, Vectorized's operators
+// included. Without it gcc chose per copy: in one build the AVX2 float32 copy called `param * decay_v` out of line
+// (a call per vector, its result passed through memory) and ran 3.3 times slower than the same copy inlined
+// (docs/results/lesson6_experiments.md, 2026-12-06 23:20).
 template <typename T>
-void adamw_loop_baseline(T* p, const T* g, float* m, float* v, int64_t begin, int64_t end, const Coefficients& c,
-                         bool decay) {
+__attribute__((flatten)) void adamw_loop_baseline(T* p, const T* g, float* m, float* v, int64_t begin, int64_t end,
+                                                  const Coefficients& c, bool decay) {
   adamw_loop(p, g, m, v, begin, end, c, decay);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 template <typename T>
-__attribute__((target("avx2,fma"))) void adamw_loop_avx2(T* p, const T* g, float* m, float* v, int64_t begin,
-                                                         int64_t end, const Coefficients& c, bool decay) {
+__attribute__((target("avx2,fma"), flatten)) void adamw_loop_avx2(T* p, const T* g, float* m, float* v, int64_t begin,
+                                                                  int64_t end, const Coefficients& c, bool decay) {
   adamw_loop(p, g, m, v, begin, end, c, decay);
 }
 #endif
