@@ -582,12 +582,15 @@ def _l7_rank(rank, world, store_path, spec, results):
         x, y = torch.randn(items, width), torch.randn(items, width)
         per_rank = items // world
         xr, yr = x.narrow(0, rank * per_rank, per_rank), y.narrow(0, rank * per_rank, per_rank)
-        stage = "FullyShardedDataParallel(..., sharding_strategy=FULL_SHARD)"
-        # One FSDP unit per layer (as the lesson shards layer by layer), inside a root unit.
+        stage = "FullyShardedDataParallel(..., sharding_strategy=FULL_SHARD, device_id=cpu)"
+        # One FSDP unit per layer (as the lesson shards layer by layer), inside a root unit. device_id names the
+        # CPU as the compute device: without it, FSDP picks the current accelerator for a module on the CPU (2.6
+        # raises "FSDP needs a non-CPU accelerator device" when there is none; 1.13 asks torch.cuda either way).
+        cpu = torch.device("cpu")
         blocks = []
         for linear in linears:
-            blocks += [fsdp_class(linear, sharding_strategy=strategy.FULL_SHARD), torch.nn.Tanh()]
-        model = fsdp_class(torch.nn.Sequential(*blocks), sharding_strategy=strategy.FULL_SHARD)
+            blocks += [fsdp_class(linear, sharding_strategy=strategy.FULL_SHARD, device_id=cpu), torch.nn.Tanh()]
+        model = fsdp_class(torch.nn.Sequential(*blocks), sharding_strategy=strategy.FULL_SHARD, device_id=cpu)
         stage = "torch.optim.Adam"
         adam = torch.optim.Adam(model.parameters(), lr=1e-3)
 

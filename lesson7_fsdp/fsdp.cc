@@ -130,17 +130,22 @@ at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn,
 
 // What ShardedStack's forward and its layers' backward share (given: the fields your step 4 code uses).
 struct ShardedStack::State {
-  State(dist::Comm& comm_, std::vector<FlatParam>& flats_, std::vector<LayerFn> fns_, bool prefetch_)
+  State(dist::Comm& comm_, std::vector<FlatParam>& flats_, std::vector<LayerFn> fns_, bool prefetch_,
+        const MixedPrecision& mp_ = MixedPrecision(), bool mixed_ = false)
       : comm(comm_),
         flats(flats_),
         fns(std::move(fns_)),
         prefetch(prefetch_),
+        mp(mp_),
+        mixed(mixed_),
         pending(flats_.size()),
         awaiting_backward(flats_.size()) {}
   dist::Comm& comm;
   std::vector<FlatParam>& flats;
   std::vector<LayerFn> fns;
   bool prefetch;
+  MixedPrecision mp;  ///< step 5: the dtypes of the gathers and the reduce-scatters (float32 unless `mixed`)
+  bool mixed;         ///< step 5: made with a MixedPrecision (its gathers go through start_gather_as)
   std::vector<std::unique_ptr<PendingGather>> pending;              ///< per layer: its gather in flight, if any
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> gathered;  ///< buffers gathered, held weakly
   int max_alive = 0;
@@ -153,6 +158,9 @@ struct ShardedStack::State {
 
 ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
     : state_(std::make_unique<State>(comm, flats, std::move(fns), prefetch)) {}
+ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch,
+                           const MixedPrecision& mp)
+    : state_(std::make_unique<State>(comm, flats, std::move(fns), prefetch, mp, true)) {}
 ShardedStack::~ShardedStack() = default;
 int ShardedStack::max_alive() const { return state_->max_alive; }
 
@@ -227,6 +235,24 @@ at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerF
   TORCH_CHECK(false, "TODO(lesson7, step 5): sharded_forward_mixed() is not implemented yet");
 }
 // [mixed_precision]
+
+// [start_gather_as]
+PendingGather start_gather_as(dist::Comm& comm, const FlatParam& flat, int tag, at::ScalarType dtype) {
+  // TODO(lesson7, step 5): start_gather with a buffer of padded_numel elements of `dtype`: copying the shard into
+  // your slice of it casts it, so the sends carry dtype's bytes ("was made for rank" as in start_gather).
+  // Then the stack in mixed precision, in your step 4 code (state_->mixed and state_->mp are given): when
+  // state_->mixed, gather with start_gather_as(..., state_->mp.param_dtype); in a layer's forward and in its
+  // recomputation run fn on x cast to the param dtype; cast the incoming gradient to y's dtype before
+  // torch::autograd::grad; reduce-scatter the buffer's gradient cast to mp.reduce_dtype (divided by N) into a
+  // shard-sized tensor of reduce_dtype and return it cast to float32, and x's gradient in x's dtype. Without a
+  // MixedPrecision every dtype is float32 and none of these casts copies. In the forward's record put the two
+  // dtypes (ranks whose dtypes differ: "the models differ across ranks") and, when state_->mixed and
+  // check_mixed_precision refuses state_->mp, an error that every rank throws as "on rank r: " and
+  // check_mixed_precision's own message (catch its c10::Error: a rank that threw alone would leave its peers
+  // waiting in the agreement).
+  TORCH_CHECK(false, "TODO(lesson7, step 5): start_gather_as() is not implemented yet");
+}
+// [start_gather_as]
 
 // [sharded_unscale]
 bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& flats, double scale) {

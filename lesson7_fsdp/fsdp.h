@@ -119,9 +119,11 @@ void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::
 at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x);
 // [api_layer]
 
+struct MixedPrecision;  // step 5 (below)
+
 // [api_prefetch]
 /// Step 4: an all-gather in flight. wait() waits for every send and receive and returns the gathered buffer
-/// (padded_numel floats, every rank's shard in rank order).
+/// (padded_numel elements, every rank's shard in rank order: float32, or start_gather_as's dtype).
 struct PendingGather {
   at::Tensor full;
   std::vector<dist::AsyncWork> works;
@@ -157,6 +159,16 @@ PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag);
 class ShardedStack {
  public:
   ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch = true);
+  /// Step 5: the same stack in mixed precision (MixedPrecision, below), as sharded_forward_mixed runs one layer:
+  /// every gather, prefetched or not, in mp.param_dtype (start_gather_as: half the bytes and half the gathered
+  /// buffers' bytes for a 16-bit dtype), each layer computed in it from its input cast to it, each gradient
+  /// reduce-scattered in mp.reduce_dtype and handed to the optimizer as float32; the shards stay the float32
+  /// masters. Layer by layer the same results, bit for bit, as sharded_forward_mixed. The forward's agreement
+  /// carries the two dtypes: a precision check_mixed_precision refuses, on any rank, fails EVERY rank with "on
+  /// rank r: " and check_mixed_precision's message; ranks whose precisions differ, "the models differ across
+  /// ranks". A stack made without one is float32 throughout (step 4).
+  ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch,
+               const MixedPrecision& mp);
   ~ShardedStack();
   /// Runs every layer on x; backpropagating from the result fills every flat.shard's grad.
   at::Tensor forward(const at::Tensor& x);
@@ -196,6 +208,12 @@ void check_mixed_precision(const MixedPrecision& mp);
 /// rank sends (N - 1) x S x (bytes of dtype), half of gather_full's bytes for a 16-bit dtype. Returns a new
 /// buffer of flat.padded_numel elements of `dtype`. Throws "was made for rank" like gather_full.
 at::Tensor gather_full_as(dist::Comm& comm, const FlatParam& flat, at::ScalarType dtype);
+
+/// Step 5: start_gather in `dtype`, as gather_full_as is gather_full in it: each rank's shard cast to `dtype`
+/// (into its own slice of the new buffer) and sent from there, so that each rank sends (N - 1) x S x (bytes of
+/// dtype), and the buffer that wait() returns is padded_numel elements of `dtype`. The stack with a
+/// MixedPrecision gathers with it. Throws "was made for rank" like start_gather.
+PendingGather start_gather_as(dist::Comm& comm, const FlatParam& flat, int tag, at::ScalarType dtype);
 
 /// Step 5: sharded_forward in mixed precision. Forward: agree_on_layer with mp's dtypes (which also refuses, on
 /// every rank, what check_mixed_precision refuses), gather in mp.param_dtype (gather_full_as), compute fn(x cast

@@ -5,11 +5,13 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "common/memory_meter.h"
 #include "lesson5_distributed/comm.h"
 #include "lesson7_fsdp/fsdp.h"
 
@@ -327,4 +329,209 @@ TEST_CASE("[step5] a layer that ignores its parameters on one rank: zeros are it
     REQUIRE(outcomes[static_cast<size_t>(r)].ok);
     CHECK(torch::equal(mixed[static_cast<size_t>(r)], step3[static_cast<size_t>(r)]));  // float32: exactly step 3
   }
+}
+
+namespace {
+
+// How a run of the problem goes through its layers: step 5's sharded_forward_mixed layer by layer, or step 4's
+// ShardedStack made with the MixedPrecision (prefetching or not), or a stack made without one (float32).
+enum class Path { kLayers, kStack, kStackNoPrefetch, kStackWithout };
+
+struct MixedRun {
+  std::vector<torch::Tensor> params;  // every parameter gathered back (in the oracle's order)
+  std::vector<torch::Tensor> shards;  // this rank's master shards
+  std::vector<int64_t> sends;         // the last step's sends, in bytes, in order
+  int64_t sent = 0;                   // the last step's bytes sent
+  int64_t agreements = 0;             // the last step's all-gathers (the agreements' records)
+  int max_alive = 0;
+  int found_inf = 0;  // steps the scaler skipped
+};
+
+// `steps` SGD steps of the problem on this rank along `path`, with a loss scale of 1024 (a power of two) and
+// step 5's scaler across the shards before each step.
+MixedRun mixed_training(dist::Comm& comm, const Problem& p, int steps, const fsdp::MixedPrecision& mp, Path path) {
+  const int r = comm.rank(), n = comm.world_size();
+  std::vector<fsdp::FlatParam> flats;
+  for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+  std::vector<torch::Tensor> shards;
+  for (auto& flat : flats) shards.push_back(flat.shard);
+  auto optimizer = make_optimizer(shards, Opt::kSgd);
+  std::unique_ptr<fsdp::ShardedStack> stack;
+  if (path == Path::kStack || path == Path::kStackNoPrefetch) {
+    stack = std::make_unique<fsdp::ShardedStack>(comm, flats, kLayers, path == Path::kStack, mp);
+  } else if (path == Path::kStackWithout) {
+    stack = std::make_unique<fsdp::ShardedStack>(comm, flats, kLayers, true);
+  }
+  const double scale = 1024.0;
+  MixedRun run;
+  for (int s = 0; s < steps; ++s) {
+    optimizer->zero_grad();
+    comm.reset_stats();
+    torch::Tensor h = rows(p.x, r, n);
+    if (stack) {
+      h = stack->forward(h);
+    } else {
+      for (size_t l = 0; l < flats.size(); ++l) h = fsdp::sharded_forward_mixed(comm, flats[l], kLayers[l], h, mp);
+    }
+    (torch::mse_loss(h.to(torch::kFloat), rows(p.y, r, n)) * scale).backward();
+    if (stack) stack->finish();
+    run.sends = send_sizes(comm.log());
+    run.sent = comm.stats().send_bytes;
+    run.agreements = comm.stats().all_gather_calls;
+    for (const auto& flat : flats) {
+      REQUIRE(flat.shard.grad().defined());
+      CHECK((flat.shard.grad().scalar_type() == torch::kFloat));  // the optimizer sees float32 gradients only
+    }
+    if (fsdp::sharded_unscale_and_check(comm, flats, scale)) {
+      run.found_inf += 1;
+    } else {
+      optimizer->step();
+    }
+  }
+  if (stack) run.max_alive = stack->max_alive();
+  run.params = gathered_params(comm, flats);
+  for (const auto& flat : flats) run.shards.push_back(flat.shard.detach().clone());
+  return run;
+}
+
+int64_t dtype_bytes(torch::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
+
+}  // namespace
+
+TEST_CASE("[step5] the stack in mixed precision: bit for bit step 5's layers, prefetched or not, 16-bit bytes") {
+  const Problem p = make_problem();
+  const fsdp::MixedPrecision bf16_reduce{torch::kBFloat16, torch::kBFloat16};
+  for (const int n : {2, 3}) {
+    for (const fsdp::MixedPrecision& mp : {kBf16, bf16_reduce, kFloat32}) {
+      std::vector<MixedRun> layers(static_cast<size_t>(n)), with(static_cast<size_t>(n)),
+          without(static_cast<size_t>(n)), plain(static_cast<size_t>(n));
+      dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+        const auto r = static_cast<size_t>(comm.rank());
+        layers[r] = mixed_training(comm, p, 3, mp, Path::kLayers);
+        with[r] = mixed_training(comm, p, 3, mp, Path::kStack);
+        without[r] = mixed_training(comm, p, 3, mp, Path::kStackNoPrefetch);
+        plain[r] = mixed_training(comm, p, 3, mp, Path::kStackWithout);
+      });
+      // Per layer and step: two gathers in the param dtype and one reduce-scatter in the reduce dtype, each of
+      // (N - 1) x S elements per rank.
+      const int64_t pb = dtype_bytes(mp.param_dtype), rb = dtype_bytes(mp.reduce_dtype);
+      int64_t bytes = 0;
+      std::vector<int64_t> s;
+      for (int l = 0; l < 3; ++l) {
+        s.push_back(shard_of(kLayerNumel[l], n));
+        bytes += (n - 1) * s.back() * (2 * pb + rb);
+      }
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(n);
+        CAPTURE(r);
+        CAPTURE(mp.param_dtype);
+        CAPTURE(mp.reduce_dtype);
+        const auto i = static_cast<size_t>(r);
+        REQUIRE(with[i].params.size() == layers[i].params.size());
+        for (size_t k = 0; k < layers[i].params.size(); ++k) {
+          // The same casts, the same layer functions, the same sums in the same order: the same bits.
+          CHECK(torch::equal(with[i].params[k], layers[i].params[k]));
+          CHECK(torch::equal(without[i].params[k], layers[i].params[k]));
+          if (mp.param_dtype == torch::kFloat) CHECK(torch::equal(plain[i].params[k], layers[i].params[k]));
+        }
+        CHECK(with[i].found_inf == 0);
+        CHECK(layers[i].sent == bytes);
+        CHECK(with[i].sent == bytes);  // exactly the 16-bit counts, prefetched or not
+        CHECK(without[i].sent == bytes);
+        CHECK(with[i].sends.size() == static_cast<size_t>(9 * (n - 1)));
+        CHECK(with[i].agreements == 5);  // the forward's, one per layer's backward, finish()'s: as in step 4
+        CHECK(with[i].max_alive == 2);
+        CHECK(without[i].max_alive == 1);
+        if (n == 2) {
+          // Each send in order: the forward's gathers of layers 0, 1 (prefetched), 2; the backward's gather of 2,
+          // the prefetched gather of 1, 2's reduce-scatter, the prefetched gather of 0, 1's, then 0's.
+          CHECK(with[i].sends == std::vector<int64_t>{pb * s[0], pb * s[1], pb * s[2], pb * s[2], pb * s[1], rb * s[2],
+                                                      pb * s[0], rb * s[1], rb * s[0]});
+        }
+        if (mp.param_dtype != torch::kFloat) {
+          CHECK(plain[i].sent == (n - 1) * 12 * (s[0] + s[1] + s[2]));  // float32 throughout: 4 + 4 + 4 bytes
+          for (const auto& shard : with[i].shards) {
+            CHECK((shard.scalar_type() == torch::kFloat));
+            // The float32 master holds values that bfloat16 cannot: it was never rounded to the param dtype.
+            CHECK_FALSE(torch::equal(shard, shard.to(torch::kBFloat16).to(torch::kFloat)));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("[step5] lesson 4's meter: a prefetching bfloat16 stack holds two layers' 16-bit buffers, half the bytes") {
+  const std::vector<std::vector<torch::Tensor>> layers = wide_layers();
+  const int n = 2;
+  for (const bool prefetch : {true, false}) {
+    std::vector<int64_t> peak(static_cast<size_t>(n)), compute(static_cast<size_t>(n));
+    std::vector<int> alive(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      const auto r = static_cast<size_t>(comm.rank());
+      std::vector<fsdp::FlatParam> flats;
+      for (const auto& layer : layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), n));
+      const torch::Tensor x = torch::randn({2, 64});
+      {
+        // What one layer's function allocates by itself in bfloat16, its parameters already there: the output,
+        // and the temporaries of a bfloat16 matrix product on the CPU (larger than float32's).
+        const fsdp::FlatParam whole = fsdp::flatten_and_shard(layers[0], 0, 1);
+        const torch::Tensor full = whole.shard.detach().to(torch::kBFloat16);
+        workshop::MemoryMeter meter(torch::kCPU, workshop::MeterScope::kThisThread);
+        hidden(x.to(torch::kBFloat16), fsdp::unflatten(whole, full));
+        compute[r] = meter.peak_bytes();
+      }
+      fsdp::ShardedStack stack(comm, flats, std::vector<fsdp::LayerFn>(layers.size(), fsdp::LayerFn(hidden)), prefetch,
+                               kBf16);
+      workshop::MemoryMeter meter(torch::kCPU, workshop::MeterScope::kThisThread);  // this rank's thread only
+      stack.forward(x);
+      peak[r] = meter.peak_bytes();
+      alive[r] = stack.max_alive();
+    });
+    for (int r = 0; r < n; ++r) {
+      const auto i = static_cast<size_t>(r);
+      CAPTURE(prefetch);
+      CAPTURE(r);
+      CAPTURE(peak[i]);
+      CAPTURE(compute[i]);
+      // Gathered bfloat16 layers of 8320 bytes each (half of step 4's 16640), plus one layer's computation and
+      // 2 KiB for the activations the stack passes on: less than one buffer more, and less than two float32 ones.
+      const int64_t buffers = prefetch ? 2 : 1;
+      CHECK(alive[i] == buffers);
+      CHECK(peak[i] >= buffers * kWideLayerBytes / 2);
+      CHECK(peak[i] <= buffers * kWideLayerBytes / 2 + compute[i] + 2048);
+    }
+  }
+}
+
+TEST_CASE("[step5] the stack: a bad or mismatched MixedPrecision fails every rank by name, no timeout") {
+  const Problem p = make_problem();
+  const int n = 2;
+  // `mp_of(rank)` on each rank (none: a stack made without one), one forward of the problem's stack.
+  const auto stack_with = [&](std::function<const fsdp::MixedPrecision*(int)> mp_of) {
+    return [&p, mp_of](dist::Comm& comm) {
+      std::vector<fsdp::FlatParam> flats;
+      for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), n));
+      const fsdp::MixedPrecision* mp = mp_of(comm.rank());
+      const auto stack = mp ? std::make_unique<fsdp::ShardedStack>(comm, flats, kLayers, true, *mp)
+                            : std::make_unique<fsdp::ShardedStack>(comm, flats, kLayers, true);
+      stack->forward(rows(p.x, comm.rank(), n));
+    };
+  };
+  static const fsdp::MixedPrecision kDouble{torch::kDouble, torch::kFloat}, kInt{torch::kInt, torch::kFloat},
+      kHalfReduce{torch::kBFloat16, torch::kHalf};
+  // The same bad precision on every rank: check_mixed_precision's words, on every rank.
+  check_fails_on_every_rank(n, stack_with([](int) { return &kDouble; }),
+                            "on rank 0: MixedPrecision: param_dtype must be float32, bfloat16 or float16");
+  check_fails_on_every_rank(n, stack_with([](int) { return &kInt; }),
+                            "param_dtype must be float32, bfloat16 or float16");
+  check_fails_on_every_rank(n, stack_with([](int) { return &kHalfReduce; }),
+                            "reduce_dtype must be float32 or the param_dtype");
+  // A bad precision on rank 1 only: rank 0 must not wait for it.
+  check_fails_on_every_rank(n, stack_with([](int r) { return r == 1 ? &kDouble : &kBf16; }),
+                            "on rank 1: MixedPrecision: param_dtype must be float32, bfloat16 or float16");
+  // Two valid precisions, but not the same (bfloat16 on rank 0, float32 on rank 1): the gathers would differ in
+  // bytes.
+  check_fails_on_every_rank(n, stack_with([](int r) { return r == 1 ? nullptr : &kBf16; }),
+                            "the models differ across ranks in their layers' count, sizes, shapes or mixed precision");
 }

@@ -9,6 +9,11 @@
 # Options: --uncommitted  also take the uncommitted changes to tracked files (git stash create), not only HEAD.
 #          --prepare      only make the root ready (debootstrap, packages); no Bazel. .ci/run does this in the
 #                         background while the host builds, so that the downloads are off the critical path.
+#          --bench-peer   (CPU root only) also install Debian 13's python3-torch (PyTorch 2.6) in the root for this
+#                         run, as tools/setup.sh --bench-peer does, so that //bench's PyTorch rows run; the packages
+#                         it added are purged again on exit, so the shared root stays what CI tests. WORKSHOP_BENCH_PEER=1
+#                         does the same. E.g. --bench-peer -- run //bench -- --device=cpu --cases=l7 --out_dir=/tmp/x
+#                         (--out_dir is inside the root: the files are then under $DEBIAN13_CACHE/trixie-cpu/tmp/x).
 #          -- ARGS         replace the Bazel command's targets/flags (e.g. -- //lesson2_accumulation/...).
 # Environment: DEBIAN13_CACHE (default /var/cache/torch-perf-workshop) holds the roots between runs:
 #   trixie-base/ (debootstrap minbase), trixie-cpu/ and trixie-cuda/ (copies of it with the packages and Bazel's
@@ -22,14 +27,16 @@ cache=${DEBIAN13_CACHE:-/var/cache/torch-perf-workshop}
 variant=cpu
 uncommitted=0
 prepare_only=0
+bench_peer=${WORKSHOP_BENCH_PEER:-0}
 bazel_args=()
 while (($#)); do
   case $1 in
     --cuda) variant=cuda ;;
+    --bench-peer) bench_peer=1 ;;
     --uncommitted) uncommitted=1 ;;
     --prepare) prepare_only=1 ;;
     --) shift; bazel_args=("$@"); break ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "debian13_check: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -46,6 +53,7 @@ phase() {  # phase NAME: prints how long the previous phase took
 }
 
 [[ $(id -u) -eq 0 ]] || die "needs root (debootstrap, chroot and mounts)"
+[[ $bench_peer == 1 && $variant == cuda ]] && die "--bench-peer is for the CPU root (python3-torch conflicts with the CUDA LibTorch)"
 
 # One run at a time per cache: two runs share the roots, their copies of the tree and their mounts. A second run
 # waits for the first (several worktrees on one machine each run this script).
@@ -109,8 +117,14 @@ printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"; chmod +x "$root/us
 
 # ---- mounts, and the cleanup that undoes them -------------------------------------------------------------------
 mounted=()
+peer_added=""  # with --bench-peer: the packages this run added to the root, purged again on exit
 cleanup() {
   local rc=$?
+  if [[ -n $peer_added ]]; then
+    say "removing what --bench-peer added to the root: $peer_added"
+    in_root "apt-get purge -y -q $peer_added" >"$cache/bench-peer-purge.log" 2>&1 ||
+      say "could not purge them (log: $cache/bench-peer-purge.log)"
+  fi
   if [[ -x $root/usr/bin/bazel && -d $root/work/checkout ]]; then
     chroot "$root" /bin/bash -c 'cd /work/checkout && timeout 120 bazel shutdown' >/dev/null 2>&1 || true
   fi
@@ -165,6 +179,14 @@ else
            /usr/include/torch/csrc/api/include/torch/torch.h /usr/bin/bazel /usr/include/doctest/doctest.h /usr/bin/nvcc; do
     [[ -e $root$f ]] || die "$f is missing in the root after installing the CUDA stack"
   done
+fi
+if ((bench_peer && !prepare_only)); then
+  phase "tools/setup.sh --bench-peer inside the root (python3-torch, for this run only)"
+  installed='dpkg-query -W -f="\${Status} \${Package}\n" | awk "\$3 == \"installed\" {print \$4}" | sort'
+  before=$(in_root "$installed")
+  in_root 'cd /work/checkout && bash tools/setup.sh --bench-peer' || die "tools/setup.sh --bench-peer failed on Debian 13"
+  peer_added=$(comm -13 <(echo "$before") <(in_root "$installed") | tr '\n' ' ')
+  peer_added=${peer_added% }
 fi
 in_root 'dpkg-query -W -f="\${Package} \${Version}\n" libtorch-dev libtorch-cuda-dev nvidia-cuda-dev nvidia-cuda-toolkit bazel-bootstrap doctest-dev g++ 2>/dev/null' | sed 's/^/  /'
 touch "$root/.workshop-ready"

@@ -322,17 +322,22 @@ at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn,
 
 // What ShardedStack's forward and its layers' backward share (given: the fields your step 4 code uses).
 struct ShardedStack::State {
-  State(dist::Comm& comm_, std::vector<FlatParam>& flats_, std::vector<LayerFn> fns_, bool prefetch_)
+  State(dist::Comm& comm_, std::vector<FlatParam>& flats_, std::vector<LayerFn> fns_, bool prefetch_,
+        const MixedPrecision& mp_ = MixedPrecision(), bool mixed_ = false)
       : comm(comm_),
         flats(flats_),
         fns(std::move(fns_)),
         prefetch(prefetch_),
+        mp(mp_),
+        mixed(mixed_),
         pending(flats_.size()),
         awaiting_backward(flats_.size()) {}
   dist::Comm& comm;
   std::vector<FlatParam>& flats;
   std::vector<LayerFn> fns;
   bool prefetch;
+  MixedPrecision mp;  ///< step 5: the dtypes of the gathers and the reduce-scatters (float32 unless `mixed`)
+  bool mixed;         ///< step 5: made with a MixedPrecision (its gathers go through start_gather_as)
   std::vector<std::unique_ptr<PendingGather>> pending;              ///< per layer: its gather in flight, if any
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> gathered;  ///< buffers gathered, held weakly
   int max_alive = 0;
@@ -345,6 +350,9 @@ struct ShardedStack::State {
 
 ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch)
     : state_(std::make_unique<State>(comm, flats, std::move(fns), prefetch)) {}
+ShardedStack::ShardedStack(dist::Comm& comm, std::vector<FlatParam>& flats, std::vector<LayerFn> fns, bool prefetch,
+                           const MixedPrecision& mp)
+    : state_(std::make_unique<State>(comm, flats, std::move(fns), prefetch, mp, true)) {}
 ShardedStack::~ShardedStack() = default;
 int ShardedStack::max_alive() const { return state_->max_alive; }
 
@@ -355,22 +363,31 @@ at::Tensor PendingGather::wait() {
   return full;
 }
 
-PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag) {
-  TORCH_CHECK(flat.rank == comm.rank() && flat.world_size == comm.world_size(),
-              "start_gather: the FlatParam was made for rank ", flat.rank, " of ", flat.world_size,
-              ", but this is rank ", comm.rank(), " of ", comm.world_size());
+namespace {
+
+// start_gather's exchange in `dtype` (float32 here; step 5's start_gather_as passes its param dtype).
+PendingGather post_gather(dist::Comm& comm, const FlatParam& flat, int tag, at::ScalarType dtype, const char* op) {
+  TORCH_CHECK(flat.rank == comm.rank() && flat.world_size == comm.world_size(), op,
+              ": the FlatParam was made for rank ", flat.rank, " of ", flat.world_size, ", but this is rank ",
+              comm.rank(), " of ", comm.world_size());
   const int n = comm.world_size(), r = comm.rank();
   const int64_t size = flat.padded_numel / n;
   PendingGather pending;
-  pending.full = at::empty({flat.padded_numel}, at::kFloat);
+  pending.full = at::empty({flat.padded_numel}, at::TensorOptions().dtype(dtype));
   const at::Tensor mine = pending.full.narrow(0, r * size, size);
-  mine.copy_(flat.shard.detach());
-  for (int k = 1; k < n; ++k) {  // round k: receive from rank r - k, send to rank r + k; all posted now
+  mine.copy_(flat.shard.detach());  // in dtype: the cast (none for float32) comes before the sends
+  for (int k = 1; k < n; ++k) {     // round k: receive from rank r - k, send to rank r + k; all posted now
     const int from = (r - k + n) % n, to = (r + k) % n;
     pending.works.push_back(comm.recv_async(pending.full.narrow(0, from * size, size), from, tag));
     pending.works.push_back(comm.send_async(mine, to, tag));
   }
   return pending;
+}
+
+}  // namespace
+
+PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag) {
+  return post_gather(comm, flat, tag, at::kFloat, "start_gather");
 }
 // [start_gather]
 
@@ -390,20 +407,48 @@ enum LocalError : int64_t {
   kNotLeaf = 2,
   kListedTwice = 3,
   kGatheredTwice = 4,
-  kNotFinished = 5
+  kNotFinished = 5,
+  kBadPrecision = 6
 };
 constexpr int64_t kRecord = 8;
 
+// The stack's two dtypes (step 5) in one slot of the forward's record, and back.
+int64_t precision_code(const MixedPrecision& mp) {
+  return static_cast<int64_t>(mp.param_dtype) * 256 + static_cast<int64_t>(mp.reduce_dtype);
+}
+MixedPrecision precision_of(int64_t code) {
+  return {static_cast<at::ScalarType>(code / 256), static_cast<at::ScalarType>(code % 256)};
+}
+
 std::string doing(const std::vector<int64_t>& rec) {
-  if (rec[0] == kForwardPhase) return c10::str("a forward of ", rec[1], " layers (", rec[3], " elements)");
+  if (rec[0] == kForwardPhase) {
+    const MixedPrecision mp = precision_of(rec[2]);
+    const std::string precision = rec[2] == precision_code(MixedPrecision())
+                                      ? std::string()
+                                      : c10::str(", gathered in ", mp.param_dtype, ", reduced in ", mp.reduce_dtype);
+    return c10::str("a forward of ", rec[1], " layers (", rec[3], " elements", precision, ")");
+  }
   if (rec[0] == kFinishPhase) return "finish()";
   return c10::str("layer ", rec[1], "'s backward");
+}
+
+// check_mixed_precision's message for a precision it refuses (empty when it accepts it): the stack's rules and
+// words are step 5's, not a copy of them.
+std::string precision_error(const MixedPrecision& mp) {
+  try {
+    check_mixed_precision(mp);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return {};
 }
 
 std::string local_error(const std::vector<int64_t>& rec) {
   switch (rec[5]) {
     case kFnCount:
-      return c10::str("one LayerFn per FlatParam, got ", rec[1], " FlatParams and ", rec[2], " LayerFns");
+      return c10::str("one LayerFn per FlatParam, got ", rec[6], " FlatParams and ", rec[7], " LayerFns");
+    case kBadPrecision:
+      return precision_error(precision_of(rec[2]));
     case kNotLeaf:
       return c10::str("layer ", rec[6], "'s shard must be a leaf that requires grad");
     case kListedTwice:
@@ -436,8 +481,9 @@ void agree(ShardedStack::State& s, std::vector<int64_t> mine) {
   std::string ranks;
   for (size_t r = 0; r < all.size(); ++r) ranks += c10::str(r ? "; " : "", "rank ", r, ": ", doing(all[r]));
   const bool forwards = std::all_of(all.begin(), all.end(), [](const auto& rec) { return rec[0] == kForwardPhase; });
-  TORCH_CHECK(!forwards, "ShardedStack: the models differ across ranks in their layers' count, sizes or shapes (",
-              ranks, "): every rank must run the same layers");
+  TORCH_CHECK(!forwards,
+              "ShardedStack: the models differ across ranks in their layers' count, sizes, shapes or mixed precision (",
+              ranks, "): every rank must run the same layers in the same dtypes");
   // In a backward: the layer that is missing somewhere is the highest one a rank is at (the backward walks down);
   // the first rank that is not there is one whose loss does not depend on it.
   int64_t layer = -1;
@@ -471,8 +517,11 @@ int64_t fingerprint(const std::vector<FlatParam>& flats) {
 // Starts layer's gather (when prefetching and the layer exists) and notes its buffer.
 void start_layer(ShardedStack::State& s, int64_t layer) {
   if (layer < 0 || layer >= static_cast<int64_t>(s.flats.size()) || s.pending[layer]) return;
+  const int tag = kPrefetchTag + static_cast<int>(layer);
+  // Step 5: a stack made with a MixedPrecision gathers in its param dtype.
   s.pending[layer] =
-      std::make_unique<PendingGather>(start_gather(s.comm, s.flats[layer], kPrefetchTag + static_cast<int>(layer)));
+      std::make_unique<PendingGather>(s.mixed ? start_gather_as(s.comm, s.flats[layer], tag, s.mp.param_dtype)
+                                              : start_gather(s.comm, s.flats[layer], tag));
   s.gathered.push_back(s.pending[layer]->full.storage().getWeakStorageImpl());
 }
 
@@ -500,7 +549,7 @@ struct StackLayer : public torch::autograd::Function<StackLayer> {
     const at::Tensor full = take_layer(*s, layer);
     if (s->prefetch) start_layer(*s, layer + 1);  // the next layer's gather travels while this one computes
     note_alive(*s);
-    return s->fns[layer](x, unflatten(s->flats[layer], full));
+    return s->fns[layer](x.to(s->mp.param_dtype), unflatten(s->flats[layer], full));  // step 5: in the param dtype
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -516,7 +565,7 @@ struct StackLayer : public torch::autograd::Function<StackLayer> {
     const at::Tensor full = take_layer(*s, layer).requires_grad_(true);
     if (s->prefetch) start_layer(*s, layer - 1);  // the layer below is next in the backward
     note_alive(*s);
-    const at::Tensor x_in = x.detach().requires_grad_(needs_x);
+    const at::Tensor x_in = x.detach().to(s->mp.param_dtype).requires_grad_(needs_x);
     torch::autograd::variable_list grads{at::Tensor(), at::Tensor()};
     {
       at::AutoGradMode enable(true);
@@ -525,17 +574,23 @@ struct StackLayer : public torch::autograd::Function<StackLayer> {
       if (needs_x) inputs.push_back(x_in);
       // allow_unused: a layer function that ignores its parameters (or its input) on this rank gives an undefined
       // gradient here, where autograd::grad would otherwise throw on this rank alone.
-      if (y.requires_grad()) grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]}, {}, false, true);
+      const at::Tensor grad_y = grad_outputs[0].to(y.scalar_type());
+      if (y.requires_grad()) grads = torch::autograd::grad({y}, inputs, {grad_y}, {}, false, true);
       grads.resize(2);
     }
     const FlatParam& flat = s->flats[layer];
     // A layer function that did not use the parameters on this rank: its share of the average is zero, and this
     // rank still joins the reduce-scatter that its peers are in.
     const at::Tensor local = grads[0].defined() ? grads[0] : at::zeros({flat.padded_numel}, at::kFloat);
-    const at::Tensor flat_grad = local / static_cast<double>(s->comm.world_size());
-    at::Tensor shard_grad = at::empty({flat.padded_numel / flat.world_size}, at::kFloat);
-    reduce_scatter_into(s->comm, flat_grad, shard_grad);
-    return {grads[1], shard_grad, at::Tensor(), at::Tensor()};
+    // Reduced in the reduce dtype, then float32 for the optimizer, as step 5's sharded_forward_mixed does
+    // (without a MixedPrecision both are float32, and neither cast copies). Autograd's engine would cast the
+    // shard's gradient to the shard's float32 anyway; the cast says where the optimizer's float32 comes from.
+    const at::ScalarType reduce_dtype = s->mp.reduce_dtype;
+    const at::Tensor flat_grad = local.to(reduce_dtype) / static_cast<double>(s->comm.world_size());
+    at::Tensor reduced = at::empty({flat.padded_numel / flat.world_size}, at::TensorOptions().dtype(reduce_dtype));
+    reduce_scatter_into(s->comm, flat_grad, reduced);
+    const at::Tensor shard_grad = reduced.to(at::kFloat);
+    return {grads[1].defined() ? grads[1].to(x.scalar_type()) : at::Tensor(), shard_grad, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -545,10 +600,10 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
   State& s = *state_;
   // This rank's own findings go into its record, not into a throw: a rank that threw alone would leave its peers
   // waiting in the agreement.
-  std::vector<int64_t> record(kRecord, 0);  // {phase, layers, LayerFns, elements, fingerprint, error, its layers}
+  std::vector<int64_t> record(kRecord, 0);  // {phase, layers, precision, elements, fingerprint, error, its layers}
   record[0] = kForwardPhase;
   record[1] = static_cast<int64_t>(s.flats.size());
-  record[2] = static_cast<int64_t>(s.fns.size());
+  record[2] = precision_code(s.mp);  // step 5: ranks whose dtypes differ would gather different bytes
   record[4] = fingerprint(s.flats);
   const auto fail = [&record](int64_t error, size_t layer, size_t other) {
     if (record[5] != kNoError) return;
@@ -557,7 +612,8 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
     record[7] = static_cast<int64_t>(other);
   };
   if (s.backwards_since_finish > 0) fail(kNotFinished, static_cast<size_t>(s.backwards_since_finish), 0);
-  if (s.fns.size() != s.flats.size()) fail(kFnCount, 0, 0);
+  if (s.fns.size() != s.flats.size()) fail(kFnCount, s.flats.size(), s.fns.size());
+  if (s.mixed && !precision_error(s.mp).empty()) fail(kBadPrecision, 0, 0);  // step 5: every rank says why
   for (size_t l = 0; l < s.flats.size(); ++l) {
     const at::Tensor& shard = s.flats[l].shard;
     record[3] += s.flats[l].numel;
@@ -665,6 +721,13 @@ at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerF
   return MixedLayer::apply(x, flat.shard, &comm, &flat, &fn, mp);
 }
 // [mixed_precision]
+
+// [start_gather_as]
+PendingGather start_gather_as(dist::Comm& comm, const FlatParam& flat, int tag, at::ScalarType dtype) {
+  // start_gather's exchange with the shard cast to dtype first, as gather_full_as is gather_full's ring.
+  return post_gather(comm, flat, tag, dtype, "start_gather_as");
+}
+// [start_gather_as]
 
 // [sharded_unscale]
 bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& flats, double scale) {

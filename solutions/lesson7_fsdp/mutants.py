@@ -122,8 +122,8 @@ MUTANTS = [
      "  record[4] = fingerprint(s.flats);\n", "",
      "the forward's record has no fingerprint of the shapes: a transposed weight on one rank fails there alone"),
     ("l7_stack_no_allow_unused", SOLUTION,
-     "      if (y.requires_grad()) grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]}, {}, false, true);",
-     "      if (y.requires_grad()) grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]});",
+     "      if (y.requires_grad()) grads = torch::autograd::grad({y}, inputs, {grad_y}, {}, false, true);",
+     "      if (y.requires_grad()) grads = torch::autograd::grad({y}, inputs, {grad_y});",
      "the stack's recomputation without allow_unused: unused parameters on one rank throw there alone"),
     ("l7_finish_no_agreement", SOLUTION,
      "  agree(s, {kFinishPhase});\n", "",
@@ -207,6 +207,29 @@ MUTANTS = [
     ("l7_unscale_twice", SOLUTION,
      "      grad.mul_(1.0 / scale);", "      grad.mul_(1.0 / scale).mul_(1.0 / scale);",
      "the shard's gradient is unscaled twice"),
+    # Step 5: the stack in mixed precision.
+    ("l7_mp_stack_gathers_float32", SOLUTION,
+     "s.mixed ? start_gather_as(s.comm, s.flats[layer], tag, s.mp.param_dtype)",
+     "s.mixed ? start_gather(s.comm, s.flats[layer], tag)",
+     "the mixed stack gathers in float32 anyway (step 4's start_gather): twice the bytes, and float32 parameters "
+     "beside a bfloat16 input"),
+    ("l7_mp_stack_reduce_in_param_dtype", SOLUTION,
+     "    const at::ScalarType reduce_dtype = s->mp.reduce_dtype;",
+     "    const at::ScalarType reduce_dtype = s->mp.param_dtype;",
+     "the mixed stack reduce-scatters in the param dtype, whatever reduce_dtype says"),
+    ("l7_mp_stack_master_rounded", SOLUTION,
+     "  mine.copy_(flat.shard.detach());  // in dtype:",
+     "  flat.shard.detach().copy_(flat.shard.detach().to(dtype));\n  mine.copy_(flat.shard.detach());  // in dtype:",
+     "the gather casts the master shard itself (in place) to the param dtype: small updates are rounded away"),
+    # Not a mutant: the stack handing back the reduced gradient in reduce_dtype without .to(at::kFloat). Autograd's
+    # engine casts what a custom function returns to its input's dtype (validate_outputs in
+    # torch/csrc/autograd/engine.cpp), so the shard's gradient is float32 and the same bits either way: it survived
+    # every check (2026-12-06) because it changes nothing.
+    ("l7_mp_stack_checked_alone", SOLUTION,
+     "  if (s.mixed && !precision_error(s.mp).empty()) fail(kBadPrecision, 0, 0);",
+     "  if (s.mixed) check_mixed_precision(s.mp);",
+     "the stack checks its precision on its own rank before the agreement: a bad dtype on one rank leaves its "
+     "peers waiting there until the timeout"),
     ("l7_mp_float64_accepted", SOLUTION,
      "TORCH_CHECK(p == at::kFloat || p == at::kBFloat16 || p == at::kHalf,",
      "TORCH_CHECK(at::isFloatingType(p),",
