@@ -2,6 +2,7 @@
 #include "bench/harness.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
@@ -10,6 +11,11 @@
 #include <sstream>
 #include <thread>
 #include <utility>
+
+#ifdef __linux__
+#include <sched.h>
+#include <sys/resource.h>
+#endif
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -380,10 +386,28 @@ Load run_cases(Context& c, const std::vector<Case>& cases, const Settings& s) {
   return load;
 }
 
+// How the system schedules this process where that is not the default: the CPUs it may run on (`taskset`) and
+// its nice value, so that a recorded run says how it was kept apart from other work on a shared machine.
+std::string scheduling() {
+  std::string out;
+#ifdef __linux__
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
+      CPU_COUNT(&allowed) < static_cast<int>(std::thread::hardware_concurrency())) {
+    out += "; this process pinned to " + std::to_string(CPU_COUNT(&allowed)) + " of them";
+  }
+  errno = 0;
+  const int nice = getpriority(PRIO_PROCESS, 0);
+  if (errno == 0 && nice != 0) out += "; nice " + std::to_string(nice);
+#endif
+  return out;
+}
+
 std::string describe(const Load& load) {
   if (load.start.empty()) return "unknown";
   return load.start + " at the start, " + load.end + " at the end, " + fixed(load.highest, 2) +
-         " at the highest between cases (" + std::to_string(std::thread::hardware_concurrency()) + " hardware threads)";
+         " at the highest between cases (" + std::to_string(std::thread::hardware_concurrency()) + " hardware threads" +
+         scheduling() + ")";
 }
 
 std::string peer_state(const Peer& peer) {

@@ -40,7 +40,11 @@ commit=$(git rev-parse --short HEAD)
 dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " (with uncommitted changes)" || true)
 {
   echo "Date: $date_utc  "
-  echo "Device: $cpu ($(nproc) hardware threads)  "
+  # How the run was scheduled where that is not the default (e.g. `nice -n -20 taskset -c 1 bash tools/record_demo.sh`).
+  sched=""
+  (($(nproc) < $(nproc --all))) && sched+="; pinned to $(nproc) of them"
+  (($(nice) != 0)) && sched+="; nice $(nice)"
+  echo "Device: $cpu ($(nproc --all) hardware threads$sched)  "
   echo "LibTorch: $libtorch (Debian's libtorch-dev)  "
   echo "Load (1 min): $load_before at the start, $load_after at the end  "
   echo "Code: $commit$dirty  "
