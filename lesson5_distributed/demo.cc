@@ -30,16 +30,6 @@ std::string scientific(double value) {
   return out.str();
 }
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 // The link as the flags describe it: a kernel-shaped rate, a simulated delay per call, a kernel delay per packet.
 struct LinkFlags {
   double gbit;
@@ -49,30 +39,7 @@ struct LinkFlags {
 
 // --netns and --hosts: one network namespace and one address per rank (lesson5_distributed/netns/), or loopback.
 l5demo::Network network_from_flags(const workshop::Flags& flags, int world_size) {
-  // [demo_network]
-  l5demo::Network network;
-  network.netns = split(flags.get("netns", ""));
-  network.hosts = split(flags.get("hosts", ""));
-  TORCH_CHECK(network.netns.empty() || !network.hosts.empty(), "--netns needs --hosts (one address per rank)");
-  if (!network.netns.empty()) {
-    TORCH_CHECK(static_cast<int>(network.netns.size()) == world_size, "--netns names ", network.netns.size(),
-                " namespaces for --world_size=", world_size, " (one per rank)");
-    std::string why;
-    if (geteuid() != 0) why = "not root";
-    for (const auto& ns : network.netns) {
-      if (why.empty() && access(("/run/netns/" + ns).c_str(), R_OK) != 0) why = "no namespace /run/netns/" + ns;
-    }
-    if (!why.empty()) {  // the ranks can still run: on loopback, saying so
-      std::cout << "note: network namespaces unavailable (" << why << "): falling back to loopback\n";
-      network = {};
-    }
-  }
-  if (!network.hosts.empty()) {
-    TORCH_CHECK(static_cast<int>(network.hosts.size()) == world_size, "--hosts names ", network.hosts.size(),
-                " addresses for --world_size=", world_size, " (one per rank)");
-  }
-  // [demo_network]
-  return network;
+  return ranks::network_from(flags.get("netns", ""), flags.get("hosts", ""), world_size);
 }
 
 // The napkin table and the rankings (the page shows this body as its snippet demo_napkin_table).

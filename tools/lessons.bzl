@@ -167,7 +167,7 @@ LESSONS = [
             "ddp_step5_test.cc",
             "ddp_test_helpers.h",
         ],
-        given = ["comm.cc", "given.cc", "demo_ranks.h"],
+        given = ["comm.cc", "given.cc", "demo_ranks.h", "process_ranks.h"],
         extra = ["netns/BUILD", "netns/cleanup_test.sh", "netns/netns_run.sh", "netns/record.py"],
         solution_extra = ["process_fault_test.sh", "quick_buckets_test.sh"],
         bench = "bench_case.cc",
