@@ -134,13 +134,8 @@ int run(const workshop::Demo& demo) {
             << workshop::mib(static_cast<double>(config.bucket_bytes)) << ", " << config.steps << " timed steps per row"
             << (config.rounds > 1 ? ", " + std::to_string(config.rounds) + " rounds" : "") << "\n";
   if (on_netns || link_gbit > 0 || delay_ms > 0) {
-    std::cout << "Link: " << flags.get("link", on_netns ? "veth" : "loopback") << "; bandwidth "
-              << (link_gbit > 0 ? workshop::fixed(link_gbit, 2) + " Gbit/s per rank (kernel-shaped, as given)"
-                                : std::string("not shaped (napkin: the measured large all-reduce)"))
-              << "; latency " << workshop::fixed(delay_ms, 3) << " ms per collective "
-              << (delay_ms > 0 ? "SIMULATED by dist::Comm (not by the kernel)" : "simulated: none")
-              << (link_delay_ms > 0 ? " + " + workshop::fixed(link_delay_ms, 3) + " ms per packet by the kernel (netem)"
-                                    : std::string())
+    std::cout << ranks::link_line(flags.get("link", on_netns ? "veth" : "loopback"), link_gbit, delay_ms, link_delay_ms,
+                                  "the measured large all-reduce")
               << "\n";
   }
   std::cout << "\n";

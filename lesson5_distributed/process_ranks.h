@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iomanip>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -88,10 +89,28 @@ inline Network network_from(const std::string& netns, const std::string& hosts, 
   return network;
 }
 
+/// The demos' "Link: ..." line (without its newline): how the link was made (`link`, netns_run.sh's --link), its
+/// kernel-shaped rate (0: not shaped, the napkin then uses `unshaped`, what the demo measured), the latency
+/// simulated per collective and the kernel's per packet (netem).
+inline std::string link_line(const std::string& link, double link_gbit, double delay_ms, double link_delay_ms,
+                             const std::string& unshaped) {
+  auto fixed = [](double value, int digits) {
+    std::ostringstream out;
+    out << std::fixed << std::setprecision(digits) << value;
+    return out.str();
+  };
+  return "Link: " + link + "; bandwidth " +
+         (link_gbit > 0 ? fixed(link_gbit, 2) + " Gbit/s per rank (kernel-shaped, as given)"
+                        : "not shaped (napkin: " + unshaped + ")") +
+         "; latency " + fixed(delay_ms, 3) + " ms per collective " +
+         (delay_ms > 0 ? "SIMULATED by dist::Comm (not by the kernel)" : "simulated: none") +
+         (link_delay_ms > 0 ? " + " + fixed(link_delay_ms, 3) + " ms per packet by the kernel (netem)" : "");
+}
+
 /// One launch of `world_size` ranks.
 struct Launch {
-  std::string prefix;             ///< "l5": flags --l5_rank=..., store keys l5/results and l5/done
-  std::string who;                ///< names the launcher in its errors, e.g. "lesson 5 demo"
+  std::string prefix;  ///< "l5": flags --l5_rank=..., store keys l5/results and l5/done
+  std::string who;     ///< names the launcher in its errors, e.g. "lesson 5 demo"
   int world_size = 1;
   std::vector<std::string> args;  ///< the demo's own flags, given to every rank
   int exit_rank = -1;  ///< >= 0: that rank exits right after joining (a fault drill: the others must fail fast)

@@ -109,12 +109,12 @@ int64_t persistent_bytes(const std::vector<torch::Tensor>& params, torch::optim:
 }
 
 struct StepFigures {
-  int64_t persistent = 0;  // rank 0, after the steps
-  int64_t sent = 0;        // rank 0, in one step (the last)
+  int64_t persistent = 0;      // rank 0, after the steps
+  int64_t sent = 0;            // rank 0, in one step (the last)
   int64_t agreement_sent = 0;  // rank 0, in one step: the stack's agreement records (all_gather)
   int64_t calls = 0;           // rank 0, communicator calls in one step (the last)
-  double median_ms = 0;    // rank 0
-  std::vector<double> ms;  // every timed step
+  double median_ms = 0;        // rank 0
+  std::vector<double> ms;      // every timed step
 };
 
 // kSharded: layer by layer (step 3); kStack / kPrefetch: the ShardedStack (step 4) without / with prefetch.
@@ -173,13 +173,14 @@ StepFigures train_rank(dist::Comm& comm, Mode mode, const std::vector<std::vecto
       }
     }
     adam.step();
-    if (s >= 0) out.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    if (s >= 0)
+      out.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
   out.persistent = persistent_bytes(params, adam);
   const dist::CommStats& stats = comm.stats();
-  out.sent = sharded ? stats.send_bytes
-                     : static_cast<int64_t>(
-                           dist::ring_allreduce_wire_bytes(static_cast<double>(stats.all_reduce_bytes), n));
+  out.sent =
+      sharded ? stats.send_bytes
+              : static_cast<int64_t>(dist::ring_allreduce_wire_bytes(static_cast<double>(stats.all_reduce_bytes), n));
   out.agreement_sent = stats.all_gather_bytes * (n - 1);  // the stack's agreement records (gathered to every peer)
   out.calls = stats.calls;
   out.median_ms = workshop::median(out.ms);
@@ -209,14 +210,14 @@ struct ProcConfig {
   int steps = 10;
   int layers = 8;
   int64_t width = 512;
-  int64_t items = 256;     // per rank
-  int64_t delay_us = 0;    // SIMULATED latency per collective (dist::Comm::set_simulated_delay)
+  int64_t items = 256;   // per rank
+  int64_t delay_us = 0;  // SIMULATED latency per collective (dist::Comm::set_simulated_delay)
 };
 
 std::vector<std::string> proc_args(const ProcConfig& c) {
   return {"--l7_rounds=" + std::to_string(c.rounds), "--l7_steps=" + std::to_string(c.steps),
           "--l7_layers=" + std::to_string(c.layers), "--l7_width=" + std::to_string(c.width),
-          "--l7_items=" + std::to_string(c.items), "--l7_delay_us=" + std::to_string(c.delay_us)};
+          "--l7_items=" + std::to_string(c.items),   "--l7_delay_us=" + std::to_string(c.delay_us)};
 }
 
 ProcConfig proc_config_from(const std::vector<std::string>& args) {
@@ -259,7 +260,8 @@ std::string proc_rank(dist::Comm& comm, const ProcConfig& c) {
       comm.reset_stats();
       const auto start = std::chrono::steady_clock::now();
       fsdp::all_gather_into(comm, shard, full);
-      if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      if (i > 0)
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     }
     probe_ms = workshop::median(ms), probe_sent = comm.stats().send_bytes;
   }
@@ -348,13 +350,8 @@ int run_processes(const workshop::Flags& flags, bool quick, const std::string& c
             << workshop::mib(model_bytes) << ", Adam; " << c.items << " items per rank; " << c.steps
             << " timed steps per row (after one warm-up), " << c.rounds << " round" << (c.rounds > 1 ? "s" : "")
             << "\n";
-  std::cout << "Link: " << flags.get("link", on_netns ? "veth" : "loopback") << "; bandwidth "
-            << (link_gbit > 0 ? workshop::fixed(link_gbit, 2) + " Gbit/s per rank (kernel-shaped, as given)"
-                              : std::string("not shaped (napkin: the measured all-gather)"))
-            << "; latency " << workshop::fixed(delay_ms, 3) << " ms per collective "
-            << (delay_ms > 0 ? "SIMULATED by dist::Comm (not by the kernel)" : "simulated: none")
-            << (link_delay_ms > 0 ? " + " + workshop::fixed(link_delay_ms, 3) + " ms per packet by the kernel (netem)"
-                                  : std::string())
+  std::cout << ranks::link_line(flags.get("link", on_netns ? "veth" : "loopback"), link_gbit, delay_ms, link_delay_ms,
+                                "the measured all-gather")
             << "\n\n";
 
   ranks::Launch l;
@@ -489,8 +486,9 @@ int main(int argc, char** argv) {
        {"quick", "small, fast settings for a CPU"},
        {"csv_dir", "write the table and the summary line as CSV into this folder"},
        {"what_fits", "print step 7's table (what fits on 8 to 64 H200s) and stop"},
-       {"world_size", "N: start N ranks as processes and time the step DDP-style and fully sharded without and "
-                      "with prefetch, beside the napkin (without it: 2 ranks as threads, the tables below)"},
+       {"world_size",
+        "N: start N ranks as processes and time the step DDP-style and fully sharded without and "
+        "with prefetch, beside the napkin (without it: 2 ranks as threads, the tables below)"},
        {"rounds", "with --world_size: every row once per round, this many rounds (default 1)"},
        {"steps", "with --world_size: timed steps per row and round (default 10; --quick: 3)"},
        {"layers", "with --world_size: Linear layers (default 8; --quick: 4)"},

@@ -40,7 +40,7 @@ RUNS = [
 ]
 # Lesson 7: (ranks, Gbit/s per rank, simulated ms per collective, rounds, demo flags).
 RUNS7 = [
-    (2, "1", "0", 3, ["--steps=10"]),
+    (2, "1", "0", 5, ["--steps=10"]),
     (4, "1", "0", 3, ["--steps=10"]),
 ]
 GOAL = 1.5
@@ -147,6 +147,18 @@ def run_lines(res):
     ]
 
 
+def per_run(results, head, body):
+    """Per run, under a heading per model: its heading lines, the table's `head` and `body(res)`."""
+    lines = []
+    model = None
+    for res in results:
+        if res["model"] != model:
+            model = res["model"]
+            lines += ["<b>%s</b>" % model, ""]
+        lines += run_lines(res) + head + body(res)
+    return lines
+
+
 def page(results):
     rows = [r for res in results for r in res["rows"]]
     within = sum(1 for r in rows if 1 / GOAL <= r["ratio"] <= GOAL)
@@ -174,26 +186,21 @@ def page(results):
         "the same ranking in every round.",
         "",
     ]
-    model = None
-    for res in results:
-        if res["model"] != model:
-            model = res["model"]
-            lines += ["<b>%s</b>" % model, ""]
-        lines += run_lines(res) + [
-            "| variant | calls / step | step ms (median of rounds) | napkin ms | measured / napkin | within 1.5x | "
-            "napkin: compute / wire / calls ms | round medians ms |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
+    def body(res):
+        out = []
         for r in res["rows"]:
             ok = 1 / GOAL <= r["ratio"] <= GOAL
-            lines.append("| %s | %s | %s | %s | %.2f | %s | %s | %s |" % (
+            out.append("| %s | %s | %s | %s | %.2f | %s | %s | %s |" % (
                 r["variant"], r["calls"], r["step"], r["napkin"], r["ratio"], "yes" if ok else "**no**",
                 " / ".join(r["parts"]), r["rounds"]))
-        lines.append("")
+        out.append("")
         for i, ranking in enumerate(res["rankings"]):
-            lines.append("- round %d (fastest first): %s" % (i + 1, ranking))
-        lines += ["- ranking the same in every round: %s" % ("yes" if res["same"] else "NO"), ""]
-    return "\n".join(lines)
+            out.append("- round %d (fastest first): %s" % (i + 1, ranking))
+        return out + ["- ranking the same in every round: %s" % ("yes" if res["same"] else "NO"), ""]
+
+    head = ["| variant | calls / step | step ms (median of rounds) | napkin ms | measured / napkin | within 1.5x | "
+            "napkin: compute / wire / calls ms | round medians ms |", "|---|---|---|---|---|---|---|---|"]
+    return "\n".join(lines + per_run(results, head, body))
 
 
 def parse7(path):
@@ -239,22 +246,16 @@ def page7(results):
         "column is the median of the rounds' medians.",
         "",
     ]
-    model = None
-    for res in results:
-        if res["model"] != model:
-            model = res["model"]
-            lines += ["<b>%s</b>" % model, ""]
-        lines += run_lines(res) + [
-            "| training | bytes kept / rank | MiB sent / rank / step | calls / step | step ms (median of rounds) | "
+    def body(res):
+        rows = ["| %s | %s | %s | %s | %s | %s | %.2f | %s / %s | %s |" % (
+            r["variant"], r["kept"], r["sent"], r["calls"], r["step"], r["napkin"], r["ratio"], r["compute"],
+            r["comm"], r["rounds"]) for r in res["rows"]]
+        return rows + ["", "- %s" % res["saves"], "- Verdict: %s" % res["verdict"], ""]
+
+    head = ["| training | bytes kept / rank | MiB sent / rank / step | calls / step | step ms (median of rounds) | "
             "napkin ms | measured / napkin | napkin: compute / communication ms | round medians ms |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in res["rows"]:
-            lines.append("| %s | %s | %s | %s | %s | %s | %.2f | %s / %s | %s |" % (
-                r["variant"], r["kept"], r["sent"], r["calls"], r["step"], r["napkin"], r["ratio"], r["compute"],
-                r["comm"], r["rounds"]))
-        lines += ["", "- %s" % res["saves"], "- Verdict: %s" % res["verdict"], ""]
-    return "\n".join(lines)
+            "|---|---|---|---|---|---|---|---|---|"]
+    return "\n".join(lines + per_run(results, head, body))
 
 
 def main():
