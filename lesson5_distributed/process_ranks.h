@@ -89,6 +89,22 @@ inline Network network_from(const std::string& netns, const std::string& hosts, 
   return network;
 }
 
+/// The link as the demos' flags describe it (netns_run.sh passes them): a kernel-shaped rate (0: not shaped), a
+/// delay simulated per collective by dist::Comm, a delay the kernel adds per packet (netem).
+struct LinkFlags {
+  double gbit = 0;           ///< --link_gbit
+  double delay_ms = 0;       ///< --sim_delay_ms
+  double link_delay_ms = 0;  ///< --link_delay_ms
+};
+
+/// LinkFlags from the flags' values, checked (each out of range is an error that names its flag).
+inline LinkFlags link_flags(double link_gbit, double sim_delay_ms, double link_delay_ms) {
+  TORCH_CHECK(sim_delay_ms >= 0 && sim_delay_ms <= 100, "--sim_delay_ms must be in 0 .. 100, got ", sim_delay_ms);
+  TORCH_CHECK(link_delay_ms >= 0, "--link_delay_ms must be >= 0, got ", link_delay_ms);
+  TORCH_CHECK(link_gbit >= 0, "--link_gbit must be >= 0, got ", link_gbit);
+  return LinkFlags{link_gbit, sim_delay_ms, link_delay_ms};
+}
+
 /// The demos' "Link: ..." line (without its newline): how the link was made (`link`, netns_run.sh's --link), its
 /// kernel-shaped rate (0: not shaped, the napkin then uses `unshaped`, what the demo measured), the latency
 /// simulated per collective and the kernel's per packet (netem).

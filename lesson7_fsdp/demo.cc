@@ -332,12 +332,10 @@ int run_processes(const workshop::Flags& flags, bool quick, const std::string& c
   TORCH_CHECK(c.rounds >= 1 && c.rounds <= 20, "--rounds must be in 1 .. 20, got ", c.rounds);
   TORCH_CHECK(c.steps >= 1 && c.steps <= 1000, "--steps must be in 1 .. 1000, got ", c.steps);
   TORCH_CHECK(c.layers >= 1 && c.width >= 1 && c.items >= 1, "--layers, --width, --items_per_rank must be >= 1");
-  const double delay_ms = flags.get_double("sim_delay_ms", 0);
-  TORCH_CHECK(delay_ms >= 0 && delay_ms <= 100, "--sim_delay_ms must be in 0 .. 100, got ", delay_ms);
+  const ranks::LinkFlags link = ranks::link_flags(flags.get_double("link_gbit", 0), flags.get_double("sim_delay_ms", 0),
+                                                  flags.get_double("link_delay_ms", 0));
+  const double delay_ms = link.delay_ms, link_delay_ms = link.link_delay_ms, link_gbit = link.gbit;
   c.delay_us = static_cast<int64_t>(std::llround(delay_ms * 1000));
-  const double link_gbit = flags.get_double("link_gbit", 0);
-  TORCH_CHECK(link_gbit >= 0, "--link_gbit must be >= 0, got ", link_gbit);
-  const double link_delay_ms = flags.get_double("link_delay_ms", 0);
   const ranks::Network network = ranks::network_from(flags.get("netns", ""), flags.get("hosts", ""), world_size);
   const bool on_netns = !network.netns.empty();
   const double model_bytes = 4.0 * c.layers * (c.width * c.width + c.width);

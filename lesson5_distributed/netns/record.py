@@ -83,8 +83,20 @@ def record(run, demo, path):
     return proc.returncode
 
 
-def parse_head(text):
-    """What every log holds: the exit, the dates and loads, the command, the link and the napkin inputs."""
+def table_lines(text, name, stops):
+    """The rows of the demo's table `name`: the lines after its title, header and rule, up to a blank line or
+    one that starts with one of `stops`."""
+    out = []
+    for line in text.split(name, 1)[1].splitlines()[3:]:
+        if not line.strip() or line.startswith(stops):
+            break
+        out.append(line)
+    return out
+
+
+def parse_head(text, model):
+    """What every log holds: the exit, the dates and loads, the command, the link, the napkin inputs, and the
+    model (the line that starts with `model`)."""
     out = {"exit": int(re.search(r"^== exit (-?\d+)", text, re.M).group(1))}
     m = re.search(r"^== start (\S+ \d+:\d+)\S* uptime: .*load average: (.*)$", text, re.M)
     out["date"], out["load_before"] = m.group(1), m.group(2).replace(",", "")
@@ -92,18 +104,15 @@ def parse_head(text):
     out["command"] = re.search(r"^== command: (.*)$", text, re.M).group(1)
     out["link"] = re.search(r"^netns_run: ready: .*?; (.*)$", text, re.M).group(1)
     out["napkin"] = re.search(r"^Napkin math: (.*)$", text, re.M).group(1)
+    out["model"] = re.search(r"^(%s .*)$" % model, text, re.M).group(1)
     return out
 
 
 def parse(path):
     text = open(path).read()
-    out = parse_head(text)
-    out["model"] = re.search(r"^(MLP .*)$", text, re.M).group(1)
+    out = parse_head(text, "MLP")
     rows = []
-    table = text.split("lesson5_network", 1)[1].splitlines()
-    for line in table[3:]:
-        if not line.strip() or line.startswith("round "):
-            break
+    for line in table_lines(text, "lesson5_network", ("round ",)):
         m = re.match(r"^(.+?)\s{2,}(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(.*)$",
                      line)
         rows.append({"variant": m.group(1), "ranks": int(m.group(2)), "calls": m.group(3), "step": m.group(4),
@@ -206,13 +215,9 @@ def page(results):
 def parse7(path):
     """Lesson 7's log: the header, the napkin inputs, the lesson7_network table, prefetch's saving, the verdict."""
     text = open(path).read()
-    out = parse_head(text)
-    out["model"] = re.search(r"^(Model .*)$", text, re.M).group(1)
+    out = parse_head(text, "Model")
     rows = []
-    table = text.split("lesson7_network", 1)[1].splitlines()
-    for line in table[3:]:
-        if not line.strip() or line.startswith("Prefetch") or line.startswith("wrote "):
-            break
+    for line in table_lines(text, "lesson7_network", ("Prefetch", "wrote ")):
         m = re.match(r"^(.+?)\s{2,}(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
                      r"\s+([\d.]+)\s+(.*)$", line)
         rows.append({"variant": m.group(1), "ranks": int(m.group(2)), "kept": m.group(3), "sent": m.group(4),
