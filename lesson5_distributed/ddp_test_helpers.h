@@ -24,6 +24,7 @@
 #include "lesson5_distributed/comm.h"
 #include "lesson5_distributed/ddp.h"
 #include "tests/check_helpers.h"
+#include "tests/rank_checks.h"
 
 namespace ddp_checks {
 
@@ -56,37 +57,10 @@ inline torch::Tensor shard_loss(torch::nn::Sequential& model, const Data& data, 
   return torch::mse_loss(model->forward(ddp::shard(data.x, r, n)), ddp::shard(data.y, r, n));
 }
 
-// Launch options for `world_size` ranks (threads of this process) that give up after `timeout_ms`.
-inline dist::LaunchOptions launch(int world_size, int timeout_ms = 10000) {
-  dist::LaunchOptions options;
-  options.world_size = world_size;
-  options.timeout = std::chrono::milliseconds(timeout_ms);
-  return options;
-}
-
-// Every rank failed, each with an error naming `expected` (and none of them a timeout: the ranks agreed on the
-// error instead of waiting for each other).
-inline void check_every_rank_failed_with(const std::vector<dist::RankOutcome>& outcomes, const std::string& expected) {
-  REQUIRE_FALSE(outcomes.empty());
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    CAPTURE(r);
-    INFO(outcomes[r].error);
-    CHECK_FALSE(outcomes[r].ok);
-    CHECK(outcomes[r].error.find(expected) != std::string::npos);
-    CHECK(outcomes[r].error.find("timed out") == std::string::npos);
-  }
-}
-
-// Runs `fn` on `n` ranks with a 5 s timeout and checks that every rank failed with `expected` at once: found
-// by the ranks agreeing on the fault, not after the timeout (a rank that throws alone leaves its peers waiting).
-inline void check_fails_on_every_rank(int n, const std::function<void(dist::Comm&)>& fn, const std::string& expected) {
-  const auto start = std::chrono::steady_clock::now();
-  const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(n, 5000), fn);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  check_every_rank_failed_with(outcomes, expected);
-  CAPTURE(seconds);
-  CHECK(seconds < 5.0);
-}
+// How a check starts its ranks and expects them to fail (shared with lesson 7's checks).
+using rank_checks::check_every_rank_failed_with;
+using rank_checks::check_fails_on_every_rank;
+using rank_checks::launch;
 
 // N identical copies of the model, one per rank, built before the ranks start.
 inline std::vector<torch::nn::Sequential> replicas(int n, uint64_t seed = 5) {

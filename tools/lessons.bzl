@@ -187,6 +187,7 @@ LESSONS = [
         check_deps = [
             "//common:memory_meter",
             "//tests:check_helpers",
+            "//tests:rank_checks",
         ],
         test_size = "medium",
     ),
@@ -257,7 +258,10 @@ LESSONS = [
         library = "fsdp",
         deps = ["//solutions/lesson5_distributed:ddp"],
         header_deps = ["//lesson5_distributed:headers"],
-        check_deps = ["//common:memory_meter"],
+        check_deps = [
+            "//common:memory_meter",
+            "//tests:rank_checks",
+        ],
         test_size = "medium",
     ),
 ]
