@@ -252,7 +252,7 @@ LESSONS = [
         ],
         given = [],
         extra = [],
-        solution_extra = [],
+        solution_extra = ["process_test.sh"],
         bench = "bench_case.cc",
         mutants = "mutants.py",
         library = "fsdp",
