@@ -30,49 +30,12 @@ std::string scientific(double value) {
   return out.str();
 }
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 // The link as the flags describe it: a kernel-shaped rate, a simulated delay per call, a kernel delay per packet.
-struct LinkFlags {
-  double gbit;
-  double delay_ms;
-  double link_delay_ms;
-};
+using LinkFlags = ranks::LinkFlags;
 
 // --netns and --hosts: one network namespace and one address per rank (lesson5_distributed/netns/), or loopback.
 l5demo::Network network_from_flags(const workshop::Flags& flags, int world_size) {
-  // [demo_network]
-  l5demo::Network network;
-  network.netns = split(flags.get("netns", ""));
-  network.hosts = split(flags.get("hosts", ""));
-  TORCH_CHECK(network.netns.empty() || !network.hosts.empty(), "--netns needs --hosts (one address per rank)");
-  if (!network.netns.empty()) {
-    TORCH_CHECK(static_cast<int>(network.netns.size()) == world_size, "--netns names ", network.netns.size(),
-                " namespaces for --world_size=", world_size, " (one per rank)");
-    std::string why;
-    if (geteuid() != 0) why = "not root";
-    for (const auto& ns : network.netns) {
-      if (why.empty() && access(("/run/netns/" + ns).c_str(), R_OK) != 0) why = "no namespace /run/netns/" + ns;
-    }
-    if (!why.empty()) {  // the ranks can still run: on loopback, saying so
-      std::cout << "note: network namespaces unavailable (" << why << "): falling back to loopback\n";
-      network = {};
-    }
-  }
-  if (!network.hosts.empty()) {
-    TORCH_CHECK(static_cast<int>(network.hosts.size()) == world_size, "--hosts names ", network.hosts.size(),
-                " addresses for --world_size=", world_size, " (one per rank)");
-  }
-  // [demo_network]
-  return network;
+  return ranks::network_from(flags.get("netns", ""), flags.get("hosts", ""), world_size);
 }
 
 // The napkin table and the rankings (the page shows this body as its snippet demo_napkin_table).
@@ -143,13 +106,10 @@ int run(const workshop::Demo& demo) {
   config.steps = static_cast<int>(flags.get_int("steps", config.steps));
   TORCH_CHECK(config.steps >= 1 && config.steps <= 1000, "--steps must be in 1 .. 1000, got ", config.steps);
   TORCH_CHECK(config.rounds >= 1 && config.rounds <= 20, "--rounds must be in 1 .. 20, got ", config.rounds);
-  const double delay_ms = flags.get_double("sim_delay_ms", 0);
-  TORCH_CHECK(delay_ms >= 0 && delay_ms <= 100, "--sim_delay_ms must be in 0 .. 100, got ", delay_ms);
+  const LinkFlags link = ranks::link_flags(flags.get_double("link_gbit", 0), flags.get_double("sim_delay_ms", 0),
+                                           flags.get_double("link_delay_ms", 0));
+  const double delay_ms = link.delay_ms, link_delay_ms = link.link_delay_ms, link_gbit = link.gbit;
   config.sim_delay_us = static_cast<int64_t>(std::llround(delay_ms * 1000));
-  const double link_delay_ms = flags.get_double("link_delay_ms", 0);
-  TORCH_CHECK(link_delay_ms >= 0, "--link_delay_ms must be >= 0, got ", link_delay_ms);
-  const double link_gbit = flags.get_double("link_gbit", 0);
-  TORCH_CHECK(link_gbit >= 0, "--link_gbit must be >= 0, got ", link_gbit);
   l5demo::Network network = network_from_flags(flags, world_size);
   const bool on_netns = !network.netns.empty();
   if (on_netns) where = workshop::device_name(c10::Device(c10::kCPU)) + ", Gloo over network namespaces";
@@ -167,13 +127,8 @@ int run(const workshop::Demo& demo) {
             << workshop::mib(static_cast<double>(config.bucket_bytes)) << ", " << config.steps << " timed steps per row"
             << (config.rounds > 1 ? ", " + std::to_string(config.rounds) + " rounds" : "") << "\n";
   if (on_netns || link_gbit > 0 || delay_ms > 0) {
-    std::cout << "Link: " << flags.get("link", on_netns ? "veth" : "loopback") << "; bandwidth "
-              << (link_gbit > 0 ? workshop::fixed(link_gbit, 2) + " Gbit/s per rank (kernel-shaped, as given)"
-                                : std::string("not shaped (napkin: the measured large all-reduce)"))
-              << "; latency " << workshop::fixed(delay_ms, 3) << " ms per collective "
-              << (delay_ms > 0 ? "SIMULATED by dist::Comm (not by the kernel)" : "simulated: none")
-              << (link_delay_ms > 0 ? " + " + workshop::fixed(link_delay_ms, 3) + " ms per packet by the kernel (netem)"
-                                    : std::string())
+    std::cout << ranks::link_line(flags.get("link", on_netns ? "veth" : "loopback"), link_gbit, delay_ms, link_delay_ms,
+                                  "the measured large all-reduce")
               << "\n";
   }
   std::cout << "\n";
@@ -204,8 +159,7 @@ int run(const workshop::Demo& demo) {
             << (on_netns ? "Link" : "Loopback") << " ceiling (one " << workshop::mib(static_cast<double>(probe_bytes))
             << " all-reduce): " << workshop::fixed(probe_ms, 2) << " ms, "
             << workshop::fixed(wire / (probe_ms * 1e-3) / 1e9, 2) << " GB/s sent per rank by the ring napkin math.\n";
-  napkin_tables(results, extras, LinkFlags{link_gbit, delay_ms, link_delay_ms}, world_size, wire / (probe_ms * 1e-3),
-                csv_dir);
+  napkin_tables(results, extras, link, world_size, wire / (probe_ms * 1e-3), csv_dir);
   const l5demo::Result& per_param = results.front();
   const l5demo::Result& zero = results.back();
   std::cout << "Buckets cut the calls from " << per_param.collectives_per_step << " to "

@@ -1,24 +1,11 @@
 // Lesson 5 — the demo's measurements, shared by //lesson5_distributed:demo and //bench (header only, so it
 // is compiled against whichever implementation of ddp.h the binary links: the reference or yours).
 //
-// The binary starts its ranks as separate PROCESSES of itself (fork + exec of /proc/self/exe with --l5_rank
-// flags), the way torchrun does: the parent opens a TCPStore server on 127.0.0.1 at a port the system picks,
-// every rank connects to it and joins one Gloo group, and rank 0 sends its measurements back through the store.
-// The parent waits with a deadline and kills (by pid) any rank that outlives it.
-//
-// On a (simulated) real network, `Network` names one Linux network namespace and one address per rank (made by
-// lesson5_distributed/netns/netns_run.sh): the parent, started inside rank 0's namespace, opens the store on rank
-// 0's address, starts rank r inside namespace r (fork, setns, exec), and every rank binds Gloo to its own
-// address, so the bytes cross the namespaces' veth links (bandwidth shaped by the kernel) as between hosts.
+// The binary starts its ranks as separate PROCESSES of itself (process_ranks.h: fork + exec of /proc/self/exe
+// with --l5_rank flags), the way torchrun does: the parent opens a TCPStore server, every rank connects to it and
+// joins one Gloo group, and rank 0 sends its measurements back through the store. On a (simulated) real network
+// (lesson5_distributed/netns/netns_run.sh), `Network` names one namespace and one address per rank.
 #pragma once
-
-#include <fcntl.h>
-#include <sched.h>
-
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -45,8 +32,7 @@
 #include "common/memory_meter.h"
 #include "lesson5_distributed/comm.h"
 #include "lesson5_distributed/ddp.h"
-
-extern char** environ;
+#include "lesson5_distributed/process_ranks.h"
 
 namespace l5demo {
 
@@ -63,11 +49,8 @@ struct Config {
   int64_t sim_delay_us = 0;        ///< SIMULATED latency per collective (dist::Comm::set_simulated_delay), 0: none
 };
 
-/// Where the ranks run. Empty: every rank on 127.0.0.1 in this network namespace (the default).
-struct Network {
-  std::vector<std::string> netns;  ///< rank r starts inside the namespace /run/netns/<netns[r]> (empty: here)
-  std::vector<std::string> hosts;  ///< rank r's Gloo address; the store listens in the parent at hosts[0]
-};
+/// Where the ranks run (process_ranks.h). Empty: every rank on 127.0.0.1 in this network namespace.
+using Network = ranks::Network;
 
 /// Extra measurements of one run (rank 0's), for the napkin math of the "On a real network" runs.
 constexpr int kBurst = 16;  ///< calls per burst when measuring a call's own cost
@@ -413,156 +396,41 @@ inline std::vector<Result> run_rank(dist::Comm& comm, const Config& c, double* p
 
 /// In a child started by launch(): runs this rank and returns its exit code. -1 when argv is not a child's.
 inline int maybe_run_as_rank(int argc, char** argv) {
-  int rank = -1, port = -1;
-  bool quick = false, exit_after_join = false;
-  Config c;
-  c.steps = 0;  // 0: the config's own
-  std::string store_host = "127.0.0.1", gloo_host = "127.0.0.1";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* name) { return a.substr(std::strlen(name)); };
-    if (a.rfind("--l5_rank=", 0) == 0) rank = std::stoi(value("--l5_rank="));
-    if (a.rfind("--l5_port=", 0) == 0) port = std::stoi(value("--l5_port="));
-    if (a.rfind("--l5_world=", 0) == 0) c.world_size = std::stoi(value("--l5_world="));
-    if (a.rfind("--l5_rounds=", 0) == 0) c.rounds = std::stoi(value("--l5_rounds="));
-    if (a.rfind("--l5_steps=", 0) == 0) c.steps = std::stoi(value("--l5_steps="));
-    if (a.rfind("--l5_delay_us=", 0) == 0) c.sim_delay_us = std::stoll(value("--l5_delay_us="));
-    if (a.rfind("--l5_store=", 0) == 0) store_host = value("--l5_store=");
-    if (a.rfind("--l5_host=", 0) == 0) gloo_host = value("--l5_host=");
-    if (a == "--l5_quick") quick = true;
-    if (a == "--l5_exit_after_join") exit_after_join = true;
-  }
-  if (rank < 0) return -1;
-  try {
-    Config config = config_for(quick, c.world_size);
+  return ranks::run_as_rank("l5", argc, argv, [](dist::Comm& comm, const std::vector<std::string>& args) {
+    bool quick = false;
+    Config c;
+    c.steps = 0;  // 0: the config's own
+    for (const std::string& a : args) {
+      auto value = [&](const char* name) { return a.substr(std::strlen(name)); };
+      if (a.rfind("--l5_rounds=", 0) == 0) c.rounds = std::stoi(value("--l5_rounds="));
+      if (a.rfind("--l5_steps=", 0) == 0) c.steps = std::stoi(value("--l5_steps="));
+      if (a.rfind("--l5_delay_us=", 0) == 0) c.sim_delay_us = std::stoll(value("--l5_delay_us="));
+      if (a == "--l5_quick") quick = true;
+    }
+    Config config = config_for(quick, comm.world_size());
     config.rounds = c.rounds, config.sim_delay_us = c.sim_delay_us;
     if (c.steps > 0) config.steps = c.steps;
-    dist::TcpRendezvous store(store_host, port, /*is_server=*/false, std::chrono::seconds(120));
-    std::unique_ptr<dist::Comm> comm = store.join(rank, config.world_size, "gloo", gloo_host);
-    if (exit_after_join) std::_Exit(0);  // the fault drill: leave without a word, sockets closed by the kernel
     double probe_ms = 0;
     Extras extras;
-    const std::vector<Result> results = run_rank(*comm, config, &probe_ms, &extras);
-    comm->set_simulated_delay(std::chrono::microseconds(0));
-    comm->barrier();
-    if (rank == 0) store.set("l5/results", serialize(results, probe_ms, config.probe_bytes, extras));
-    store.get("l5/done");  // the parent says when it has read the results: keep the store's clients alive
-    return 0;
-  } catch (const c10::Error& error) {
-    const std::string message = error.what_without_backtrace();
-    std::cerr << (message.rfind("rank ", 0) == 0 ? "" : "rank " + std::to_string(rank) + ": ") << message << "\n";
-    return 1;
-  } catch (const std::exception& error) {
-    std::cerr << "rank " << rank << ": " << error.what() << "\n";
-    return 1;
-  }
+    const std::vector<Result> results = run_rank(comm, config, &probe_ms, &extras);
+    return serialize(results, probe_ms, config.probe_bytes, extras);
+  });
 }
 
-/// Starts `config.world_size` ranks as processes of this binary, waits (at most `deadline`), and returns
-/// rank 0's results. Any rank still running at the deadline is killed; a failed rank is an error.
+/// Starts `config.world_size` ranks as processes of this binary (ranks::launch), waits (at most `deadline`), and
+/// returns rank 0's results. Any rank still running at the deadline is killed; a failed rank is an error.
 /// `exit_rank` >= 0: that rank exits right after joining the group (a fault drill: the others must fail fast).
 /// `network`: namespaces and addresses per rank (see Network; nullptr: loopback). `extras`: filled when given.
 inline std::vector<Result> launch(const Config& config, bool quick, std::chrono::seconds deadline, double* probe_ms,
                                   int64_t* probe_bytes, int exit_rank = -1, const Network* network = nullptr,
                                   Extras* extras = nullptr) {
-  const size_t n = static_cast<size_t>(config.world_size);
-  const bool in_netns = network != nullptr && !network->netns.empty();
-  if (network != nullptr) {
-    TORCH_CHECK(network->hosts.size() == n, "lesson 5 demo: ", network->hosts.size(), " addresses for ", n,
-                " ranks (one per rank)");
-    TORCH_CHECK(network->netns.empty() || network->netns.size() == n, "lesson 5 demo: ", network->netns.size(),
-                " network namespaces for ", n, " ranks (one per rank, or none)");
-  }
-  const std::string store_host = network != nullptr ? network->hosts[0] : "127.0.0.1";
-  // Open every namespace before starting anyone: a missing one is a clear error, not a rank that never comes.
-  std::vector<int> netns_fds;
-  for (size_t r = 0; in_netns && r < n; ++r) {
-    const std::string path = "/run/netns/" + network->netns[r];
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      const std::string why = std::strerror(errno);
-      for (int other : netns_fds) close(other);
-      TORCH_CHECK(false, "lesson 5 demo: cannot open the network namespace ", path, " for rank ", r, ": ", why);
-    }
-    netns_fds.push_back(fd);
-  }
-  dist::TcpRendezvous store(store_host, 0, /*is_server=*/true, deadline);
-  const int port = store.port();
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < config.world_size; ++rank) {
-    std::vector<std::string> args = {"/proc/self/exe",
-                                     "--l5_rank=" + std::to_string(rank),
-                                     "--l5_world=" + std::to_string(config.world_size),
-                                     "--l5_port=" + std::to_string(port),
-                                     "--l5_rounds=" + std::to_string(config.rounds),
-                                     "--l5_steps=" + std::to_string(config.steps),
-                                     "--l5_delay_us=" + std::to_string(config.sim_delay_us)};
-    if (network != nullptr) {
-      args.push_back("--l5_store=" + store_host);
-      args.push_back("--l5_host=" + network->hosts[static_cast<size_t>(rank)]);
-    }
-    if (quick) args.push_back("--l5_quick");
-    if (rank == exit_rank) args.push_back("--l5_exit_after_join");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(&a[0]);
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (in_netns) {
-      // fork, enter rank r's namespace, exec: only system calls between fork and exec (the parent has threads).
-      const int fd = netns_fds[static_cast<size_t>(rank)];
-      pid = fork();
-      if (pid == 0) {
-        if (setns(fd, CLONE_NEWNET) != 0) _exit(126);
-        execv("/proc/self/exe", argv.data());
-        _exit(127);
-      }
-      TORCH_CHECK(pid > 0, "could not start rank ", rank, ": ", std::strerror(errno));
-    } else {
-      const int error = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ);
-      TORCH_CHECK(error == 0, "could not start rank ", rank, ": ", std::strerror(error));
-    }
-    pids.push_back(pid);
-  }
-  for (int fd : netns_fds) close(fd);
-  // Wait for rank 0's results while watching the ranks: a rank that fails ends the wait at once.
-  std::string failure;
-  std::vector<bool> exited(pids.size(), false);
-  const auto give_up = std::chrono::steady_clock::now() + deadline;
-  while (!store.has("l5/results") && failure.empty()) {
-    for (size_t r = 0; r < pids.size(); ++r) {
-      int status = 0;
-      if (!exited[r] && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        exited[r] = true;
-        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
-          failure = "rank " + std::to_string(r) + " failed (see above)";
-        if (WIFEXITED(status) && WEXITSTATUS(status) == 126)
-          failure = "rank " + std::to_string(r) + " could not enter its network namespace";
-      }
-    }
-    if (std::chrono::steady_clock::now() > give_up) failure = "no results from rank 0 within the deadline";
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  const std::string text = failure.empty() ? store.get("l5/results") : "";
-  store.set("l5/done", "1");
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(failure.empty() ? 30 : 1);
-  for (size_t r = 0; r < pids.size(); ++r) {
-    if (exited[r]) continue;
-    int status = 0;
-    while (waitpid(pids[r], &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > until) {
-        kill(pids[r], SIGKILL);  // only the ranks this function started, by pid
-        waitpid(pids[r], &status, 0);
-        if (failure.empty()) failure = "rank " + std::to_string(r) + " did not exit and was killed";
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (failure.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      failure = "rank " + std::to_string(r) + " failed (see above)";
-    }
-  }
-  TORCH_CHECK(failure.empty(), "lesson 5 demo: ", failure);
-  return deserialize(text, probe_ms, probe_bytes, extras);
+  ranks::Launch l;
+  l.prefix = "l5", l.who = "lesson 5 demo", l.world_size = config.world_size;
+  l.args = {"--l5_rounds=" + std::to_string(config.rounds), "--l5_steps=" + std::to_string(config.steps),
+            "--l5_delay_us=" + std::to_string(config.sim_delay_us)};
+  if (quick) l.args.push_back("--l5_quick");
+  l.exit_rank = exit_rank, l.network = network, l.deadline = deadline;
+  return deserialize(ranks::launch(l), probe_ms, probe_bytes, extras);
 }
 
 }  // namespace l5demo

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Lesson 5's demo over a (simulated) real network: every rank in its own Linux network namespace, all joined by
-# veth links to a bridge in a hub namespace, each rank's egress shaped by the kernel (tbf), the ranks meeting at a
-# TCPStore on rank 0's address and talking Gloo over their own addresses, as separate hosts would. Needs root;
-# without it (or when namespaces cannot be made) it says so and runs the same demo on loopback.
+# Lesson 5's demo (or lesson 7's, .bazel/bin/lesson7_fsdp/demo: any demo with lesson 5's flags --world_size,
+# --rounds, --netns, --hosts, --link_gbit, --sim_delay_ms, --link) over a (simulated) real network: every rank in
+# its own Linux network namespace, all joined by veth links to a bridge in a hub namespace, each rank's egress
+# shaped by the kernel (tbf), the ranks meeting at a TCPStore on rank 0's address and talking Gloo over their own
+# addresses, as separate hosts would. Needs root; without it (or when namespaces cannot be made) it says so and
+# runs the same demo on loopback.
 #
 #   netns_run.sh --demo PATH [--world_size N] [--gbit G] [--delay_ms D] [--rounds R] [--burst_ms B]
 #                [--limit_s S] [--prefix P] [-- demo flags...]       (--name=value works too)
@@ -50,7 +52,7 @@ while [[ $# -gt 0 ]]; do
     --hold) hold=$2; shift 2 ;;
     --sweep) sweep_only=1; shift ;;
     --) shift; demo_args=("$@"); break ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "netns_run: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
