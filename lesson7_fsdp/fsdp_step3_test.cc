@@ -21,10 +21,8 @@ namespace {
 // `steps` sharded steps on this rank; returns every parameter gathered back (in the oracle's order).
 std::vector<torch::Tensor> sharded_training(dist::Comm& comm, const Problem& p, Opt opt, int steps) {
   const int r = comm.rank(), n = comm.world_size();
-  std::vector<fsdp::FlatParam> flats;
-  for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
-  std::vector<torch::Tensor> shards;
-  for (auto& flat : flats) shards.push_back(flat.shard);
+  std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
+  std::vector<torch::Tensor> shards = master_shards(flats);
   auto optimizer = make_optimizer(shards, opt);  // the optimizer sees only this rank's slices
   for (int s = 0; s < steps; ++s) {
     optimizer->zero_grad();
@@ -70,8 +68,7 @@ TEST_CASE(
     std::vector<dist::CommStats> stats(static_cast<size_t>(n));
     dist::run_ranks(launch(n), [&](dist::Comm& comm) {
       const int r = comm.rank();
-      std::vector<fsdp::FlatParam> flats;
-      for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+      std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
       comm.reset_stats();
       torch::Tensor h = rows(p.x, r, n);
       for (size_t l = 0; l < flats.size(); ++l) h = fsdp::sharded_forward(comm, flats[l], kLayers[l], h);
@@ -181,8 +178,7 @@ namespace {
 void train_skipping(dist::Comm& comm, const Problem& p, int steps,
                     const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& rank1_loss) {
   const int r = comm.rank(), n = comm.world_size();
-  std::vector<fsdp::FlatParam> flats;
-  for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+  std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
   for (int s = 0; s < steps; ++s) {
     std::vector<torch::Tensor> outs;
     torch::Tensor h = rows(p.x, r, n);
@@ -252,8 +248,7 @@ TEST_CASE("[step3] a layer that ignores its parameters on one rank: zeros are th
   std::vector<torch::Tensor> got(n);
   const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(n, 5000), [&](dist::Comm& comm) {
     const int r = comm.rank();
-    std::vector<fsdp::FlatParam> flats;
-    for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+    std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
     torch::Tensor h = rows(p.x, r, n);
     for (size_t l = 0; l < 3; ++l) h = fsdp::sharded_forward(comm, flats[l], (r == 1 && l == 1) ? skip : kLayers[l], h);
     torch::mse_loss(h, rows(p.y, r, n)).backward();

@@ -28,10 +28,8 @@ struct Run {
 // `steps` steps of the problem on this rank through a ShardedStack.
 Run stack_training(dist::Comm& comm, const Problem& p, Opt opt, int steps, bool prefetch) {
   const int r = comm.rank(), n = comm.world_size();
-  std::vector<fsdp::FlatParam> flats;
-  for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
-  std::vector<torch::Tensor> shards;
-  for (auto& flat : flats) shards.push_back(flat.shard);
+  std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
+  std::vector<torch::Tensor> shards = master_shards(flats);
   auto optimizer = make_optimizer(shards, opt);
   fsdp::ShardedStack stack(comm, flats, kLayers, prefetch);
   Run run;
@@ -128,8 +126,7 @@ TEST_CASE("[step4] the next layer's gather is under way before a layer computes,
   for (const bool prefetch : {true, false}) {
     std::vector<std::pair<int64_t, std::string>> seen;  // rank 0: (sends so far, the last one) at each layer call
     dist::run_ranks(launch(n), [&](dist::Comm& comm) {
-      std::vector<fsdp::FlatParam> flats;
-      for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), n));
+      std::vector<fsdp::FlatParam> flats = shard_layers(p, comm.rank(), n);
       std::vector<fsdp::LayerFn> watched;
       for (const auto& fn : kLayers) {
         watched.push_back([&comm, &seen, fn](const torch::Tensor& x, const std::vector<torch::Tensor>& params) {
@@ -210,10 +207,8 @@ namespace {
 // stack's output, `finish` whether every rank calls finish() after its backward.
 void train_with_rank1(dist::Comm& comm, const Problem& p, int steps, bool depends, bool finish) {
   const int r = comm.rank(), n = comm.world_size();
-  std::vector<fsdp::FlatParam> flats;
-  for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
-  std::vector<torch::Tensor> shards;
-  for (auto& flat : flats) shards.push_back(flat.shard);
+  std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
+  std::vector<torch::Tensor> shards = master_shards(flats);
   torch::optim::SGD sgd(shards, torch::optim::SGDOptions(0.1));
   fsdp::ShardedStack stack(comm, flats, kLayers);
   const torch::Tensor other = torch::ones({1}, torch::requires_grad());
@@ -248,8 +243,7 @@ TEST_CASE("[step4] finish(): forgotten on one rank, or at a call that matches no
   check_fails_on_every_rank(
       2,
       [&](dist::Comm& comm) {
-        std::vector<fsdp::FlatParam> flats;
-        for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), 2));
+        std::vector<fsdp::FlatParam> flats = shard_layers(p, comm.rank(), 2);
         fsdp::ShardedStack stack(comm, flats, kLayers);
         const torch::Tensor x = rows(p.x, comm.rank(), 2);
         stack.forward(x).sum().backward();
@@ -261,8 +255,7 @@ TEST_CASE("[step4] finish(): forgotten on one rank, or at a call that matches no
   check_fails_on_every_rank(
       2,
       [&](dist::Comm& comm) {
-        std::vector<fsdp::FlatParam> flats;
-        for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), 2));
+        std::vector<fsdp::FlatParam> flats = shard_layers(p, comm.rank(), 2);
         fsdp::ShardedStack stack(comm, flats, kLayers);
         torch::NoGradGuard no_grad;
         stack.forward(rows(p.x, comm.rank(), 2));
@@ -280,8 +273,7 @@ TEST_CASE("[step4] a layer function that ignores its parameters on one rank: zer
   std::vector<torch::Tensor> got(n);
   const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(n, 5000), [&](dist::Comm& comm) {
     const int r = comm.rank();
-    std::vector<fsdp::FlatParam> flats;
-    for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+    std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
     fsdp::ShardedStack stack(comm, flats, r == 1 ? std::vector<fsdp::LayerFn>{hidden, skip, last} : kLayers);
     torch::mse_loss(stack.forward(rows(p.x, r, n)), rows(p.y, r, n)).backward();
     stack.finish();
@@ -358,8 +350,7 @@ TEST_CASE("[step4] a layer used twice in one forward is refused on every rank, n
   check_fails_on_every_rank(
       2,
       [&](dist::Comm& comm) {
-        std::vector<fsdp::FlatParam> flats;
-        for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), 2));
+        std::vector<fsdp::FlatParam> flats = shard_layers(p, comm.rank(), 2);
         fsdp::ShardedStack stack(comm, flats, kLayers);
         const torch::Tensor x = rows(p.x, comm.rank(), 2);
         const torch::Tensor a = stack.forward(x);
@@ -369,8 +360,7 @@ TEST_CASE("[step4] a layer used twice in one forward is refused on every rank, n
       "on rank 1: layer 0 was gathered twice before its backward");
   // Not after a backward, nor when the graph is gone or was never made (no-grad).
   dist::run_ranks(launch(2), [&](dist::Comm& comm) {
-    std::vector<fsdp::FlatParam> flats;
-    for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), 2));
+    std::vector<fsdp::FlatParam> flats = shard_layers(p, comm.rank(), 2);
     fsdp::ShardedStack stack(comm, flats, kLayers);
     const torch::Tensor x = rows(p.x, comm.rank(), 2);
     const torch::Tensor out = stack.forward(x);

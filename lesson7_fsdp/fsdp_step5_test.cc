@@ -30,10 +30,8 @@ struct Trained {
 // `steps` sharded SGD steps on this rank: with `mp` through sharded_forward_mixed, else step 3's sharded_forward.
 Trained sharded_training(dist::Comm& comm, const Problem& p, int steps, const fsdp::MixedPrecision* mp) {
   const int r = comm.rank(), n = comm.world_size();
-  std::vector<fsdp::FlatParam> flats;
-  for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
-  std::vector<torch::Tensor> shards;
-  for (auto& flat : flats) shards.push_back(flat.shard);
+  std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
+  std::vector<torch::Tensor> shards = master_shards(flats);
   auto optimizer = make_optimizer(shards, Opt::kSgd);
   for (int s = 0; s < steps; ++s) {
     optimizer->zero_grad();
@@ -185,10 +183,8 @@ TEST_CASE("[step5] an overflow on ONE rank's gradient shard makes EVERY rank ski
       std::vector<int> found(static_cast<size_t>(n)), all_reduces(static_cast<size_t>(n));
       dist::run_ranks(launch(n), [&](dist::Comm& comm) {
         const int r = comm.rank();
-        std::vector<fsdp::FlatParam> flats;
-        for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
-        std::vector<torch::Tensor> shards;
-        for (auto& flat : flats) shards.push_back(flat.shard);
+        std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
+        std::vector<torch::Tensor> shards = master_shards(flats);
         torch::optim::SGD optimizer(shards, torch::optim::SGDOptions(0.1));
         double s = 1024.0;
         for (auto& flat : flats) flat.shard.mutable_grad() = torch::full_like(flat.shard, s).detach();
@@ -225,8 +221,7 @@ TEST_CASE("[step5] a clean step: every shard's gradient unscaled exactly once, n
   const int n = 2;
   std::vector<int> found(static_cast<size_t>(n));
   dist::run_ranks(launch(n), [&](dist::Comm& comm) {
-    std::vector<fsdp::FlatParam> flats;
-    for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), n));
+    std::vector<fsdp::FlatParam> flats = shard_layers(p, comm.rank(), n);
     std::vector<torch::Tensor> expected;
     for (auto& flat : flats) {
       const torch::Tensor g = torch::randn_like(flat.shard).detach();
@@ -292,8 +287,7 @@ TEST_CASE("[step5] ranks whose dtypes or layers differ: the same error on every 
       n,
       [&](dist::Comm& comm) {
         const int r = comm.rank();
-        std::vector<fsdp::FlatParam> flats;
-        for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+        std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
         std::vector<torch::Tensor> outs;
         torch::Tensor h = rows(p.x, r, n);
         for (size_t l = 0; l < 3; ++l)
@@ -311,8 +305,7 @@ TEST_CASE("[step5] a layer that ignores its parameters on one rank: zeros are it
   const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(n, 5000), [&](dist::Comm& comm) {
     const int r = comm.rank();
     for (const bool use_mixed : {true, false}) {
-      std::vector<fsdp::FlatParam> flats;
-      for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+      std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
       torch::Tensor h = rows(p.x, r, n);
       for (size_t l = 0; l < 3; ++l) {
         const fsdp::LayerFn& fn = (r == 1 && l == 1) ? skip : kLayers[l];
@@ -351,10 +344,8 @@ struct MixedRun {
 // step 5's scaler across the shards before each step.
 MixedRun mixed_training(dist::Comm& comm, const Problem& p, int steps, const fsdp::MixedPrecision& mp, Path path) {
   const int r = comm.rank(), n = comm.world_size();
-  std::vector<fsdp::FlatParam> flats;
-  for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
-  std::vector<torch::Tensor> shards;
-  for (auto& flat : flats) shards.push_back(flat.shard);
+  std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
+  std::vector<torch::Tensor> shards = master_shards(flats);
   auto optimizer = make_optimizer(shards, Opt::kSgd);
   std::unique_ptr<fsdp::ShardedStack> stack;
   if (path == Path::kStack || path == Path::kStackNoPrefetch) {
@@ -510,8 +501,7 @@ TEST_CASE("[step5] the stack: a bad or mismatched MixedPrecision fails every ran
   // `mp_of(rank)` on each rank (none: a stack made without one), one forward of the problem's stack.
   const auto stack_with = [&](std::function<const fsdp::MixedPrecision*(int)> mp_of) {
     return [&p, mp_of](dist::Comm& comm) {
-      std::vector<fsdp::FlatParam> flats;
-      for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), n));
+      std::vector<fsdp::FlatParam> flats = shard_layers(p, comm.rank(), n);
       const fsdp::MixedPrecision* mp = mp_of(comm.rank());
       const auto stack = mp ? std::make_unique<fsdp::ShardedStack>(comm, flats, kLayers, true, *mp)
                             : std::make_unique<fsdp::ShardedStack>(comm, flats, kLayers, true);

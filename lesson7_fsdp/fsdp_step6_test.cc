@@ -54,8 +54,7 @@ typename StateMap::key_type key_of(const StateMap& /*state*/, const torch::Tenso
 // `steps` sharded Adam steps from `ckpt` (its state restored into a new Adam); returns the checkpoint after them.
 fsdp::ShardedCheckpoint train(dist::Comm& comm, const Problem& p, fsdp::ShardedCheckpoint ckpt, int steps) {
   const int r = comm.rank(), n = comm.world_size();
-  std::vector<torch::Tensor> shards;
-  for (auto& flat : ckpt.flats) shards.push_back(flat.shard);
+  std::vector<torch::Tensor> shards = master_shards(ckpt.flats);
   torch::optim::Adam adam(shards, torch::optim::AdamOptions(0.01));
   for (size_t l = 0; l < shards.size() && ckpt.step > 0; ++l) {
     auto state = std::make_unique<torch::optim::AdamParamState>();
@@ -82,7 +81,7 @@ fsdp::ShardedCheckpoint train(dist::Comm& comm, const Problem& p, fsdp::ShardedC
 
 fsdp::ShardedCheckpoint fresh(const Problem& p, int r, int n) {
   fsdp::ShardedCheckpoint ckpt;
-  for (const auto& layer : p.layers) ckpt.flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+  ckpt.flats = shard_layers(p, r, n);
   ckpt.optim_state.resize(ckpt.flats.size());  // no optimizer state yet
   return ckpt;
 }

@@ -86,6 +86,19 @@ inline std::vector<torch::Tensor> full_batch(const Problem& p, Opt opt, int step
   return out;
 }
 
+// Rank r's flat, padded shard of every layer of `p` (step 2), and the master shards they hold: the tensors the
+// rank's optimizer steps on.
+inline std::vector<fsdp::FlatParam> shard_layers(const Problem& p, int r, int n) {
+  std::vector<fsdp::FlatParam> flats;
+  for (const auto& layer : p.layers) flats.push_back(fsdp::flatten_and_shard(layer, r, n));
+  return flats;
+}
+inline std::vector<torch::Tensor> master_shards(const std::vector<fsdp::FlatParam>& flats) {
+  std::vector<torch::Tensor> shards;
+  for (const auto& flat : flats) shards.push_back(flat.shard);
+  return shards;
+}
+
 // One rank's slice of the batch: rows [r * B / n, (r + 1) * B / n).
 inline torch::Tensor rows(const torch::Tensor& t, int r, int n) { return t.narrow(0, r * kItems / n, kItems / n); }
 
