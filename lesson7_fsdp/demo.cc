@@ -28,6 +28,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -434,6 +435,22 @@ int run_processes(const workshop::Flags& flags, bool quick, const std::string& c
   return 0;
 }
 
+// Step 7: lesson 4's planner on the napkin probe, for kPlanBatch sequences per GPU per step: the recipe it picks and
+// its peak in GB, or "none fits" and the least-memory recipe's peak.
+constexpr int64_t kPlanBatch = 8;
+
+std::pair<std::string, std::string> plan_text(const fsdp::TransformerShape& shape, fsdp::Strategy strategy, int gpus,
+                                              const fsdp::Cluster& cluster) {
+  try {
+    const mem::Plan plan = fsdp::plan_cell(shape, strategy, gpus, kPlanBatch, cluster);
+    return {mem::describe(plan.recipe), workshop::fixed(static_cast<double>(plan.peak_bytes) / 1e9, 1)};
+  } catch (const c10::Error&) {
+    const mem::Recipe least = mem::candidate_recipes(kPlanBatch, shape.layers).back();
+    const double smallest = static_cast<double>(fsdp::recipe_peak_bytes(shape, strategy, gpus, kPlanBatch, least));
+    return {"none fits", "(" + workshop::fixed(smallest / 1e9, 1) + ")"};
+  }
+}
+
 // Step 7: what fits on 8 to 64 H200s, one table per model (what_fits.h; arithmetic only).
 void print_what_fits(const std::string& csv_dir) {
   const fsdp::Cluster cluster;
@@ -454,16 +471,19 @@ void print_what_fits(const std::string& csv_dir) {
               << gb(static_cast<double>(fsdp::activation_bytes(shape, true))) << " GB\n";
     std::string file = shape.name;
     for (char& c : file) c = (c == ' ' || c == '-' || c == '.') ? '_' : c;
-    workshop::Table table("lesson7_what_fits_" + file, {"GPUs", "strategy", "state GB", "total GB", "fits",
-                                                        "total GB ckpt", "fits ckpt", "sent GB/step", "comm s/step"});
+    workshop::Table table("lesson7_what_fits_" + file,
+                          {"GPUs", "strategy", "state GB", "total GB", "fits", "total GB ckpt", "fits ckpt",
+                           "sent GB/step", "comm s/step", "lesson 4's plan, " + std::to_string(kPlanBatch) + " seq.",
+                           "plan GB"});
     for (int gpus : {8, 16, 32, 64}) {
       for (fsdp::Strategy strategy : fsdp::all_strategies()) {
         const fsdp::Fit plain = fsdp::what_fits(shape, strategy, gpus, false, cluster);
         const fsdp::Fit ckpt = fsdp::what_fits(shape, strategy, gpus, true, cluster);
+        const auto plan = plan_text(shape, strategy, gpus, cluster);
         table.add({std::to_string(gpus), fsdp::strategy_name(strategy), gb(static_cast<double>(plain.state.total())),
                    gb(static_cast<double>(plain.total)), plain.fits ? "yes" : "no", gb(static_cast<double>(ckpt.total)),
                    ckpt.fits ? "yes" : "no", gb(static_cast<double>(plain.comm_bytes)),
-                   workshop::fixed(plain.comm_s, 3)});
+                   workshop::fixed(plain.comm_s, 3), plan.first, plan.second});
       }
     }
     const std::string path = table.emit(csv_dir);

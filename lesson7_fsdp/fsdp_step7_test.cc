@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "lesson4_memory/planner.h"
 #include "lesson7_fsdp/what_fits.h"
 
 using doctest::Contains;
@@ -222,6 +223,94 @@ TEST_CASE("[step7] the verdict: Llama-2 7B on 8 H200s, and the budget at and jus
   CHECK_FALSE(fsdp::what_fits(l70, fsdp::Strategy::kFullShard, 64, false, h200).fits);
 }
 
+// A toy Llama of 5 blocks: one block of b sequences saves 34 s b h + 5 a s^2 b = 34 x 24 b + 5 x 4 x 9 b = 996 b bytes,
+// its input 2 s b h = 48 b.
+fsdp::TransformerShape toy_llama_5() {
+  fsdp::TransformerShape s = toy_llama();
+  s.layers = 5;
+  return s;
+}
+
+mem::Recipe recipe(int64_t micro_batch, int64_t segments, bool low_precision) {
+  mem::Recipe r;
+  r.micro_batch = micro_batch;
+  r.segments = segments;
+  r.low_precision = low_precision;
+  return r;
+}
+
+TEST_CASE("[step7] a lesson 4 recipe's peak: segments, micro-batch and float32 on a toy of 5 blocks") {
+  const fsdp::TransformerShape toy = toy_llama_5();
+  for (auto strategy : {fsdp::Strategy::kDdp, fsdp::Strategy::kFullShard}) {
+    for (int gpus : {1, 2, 3}) {
+      CAPTURE(fsdp::strategy_name(strategy));
+      CAPTURE(gpus);
+      // The state is model_state_bytes' total, working buffers included.
+      const int64_t state = fsdp::model_state_bytes(fsdp::count_parameters(toy), strategy, gpus).total();
+      const auto activations = [&](int64_t micro, int64_t segments, bool low) {
+        return fsdp::recipe_peak_bytes(toy, strategy, gpus, 4, recipe(micro, segments, low)) - state;
+      };
+      // b = 2 of a batch of 4, 16-bit: no checkpointing keeps all 5 blocks, 5 x 1,992 = 9,960.
+      CHECK(activations(2, 1, true) == 9960);
+      // 2 segments (3 + 2 blocks): 1 kept input of 96 and the larger segment, 3 blocks: 96 + 5,976.
+      CHECK(activations(2, 2, true) == 6072);
+      // 3 segments (2 + 2 + 1): 2 inputs, 2 blocks: 192 + 3,984.
+      CHECK(activations(2, 3, true) == 4176);
+      // 5 segments of one block: 4 inputs and one block, one input fewer than activation_bytes' checkpointing.
+      CHECK(activations(2, 5, true) == 2376);
+      fsdp::TransformerShape two = toy;
+      two.micro_batch = 2;
+      CHECK(activations(2, 5, true) == fsdp::activation_bytes(two, true) - 96);
+      CHECK(activations(2, 1, true) == fsdp::activation_bytes(two, false));
+      // float32 activations: twice the bytes; micro-batch 0: the whole batch of 4 at once.
+      CHECK(activations(2, 3, false) == 2 * 4176);
+      CHECK(activations(0, 1, true) == 5 * 996 * 4);
+      CHECK(activations(4, 1, true) == 5 * 996 * 4);
+      CHECK(activations(1, 2, false) == 2 * (48 + 3 * 996));
+    }
+  }
+  // shape.micro_batch plays no part: the recipe says how many sequences go through at once.
+  fsdp::TransformerShape other = toy;
+  other.micro_batch = 3;
+  CHECK(fsdp::recipe_peak_bytes(other, fsdp::Strategy::kDdp, 2, 4, recipe(2, 3, true)) ==
+        fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 2, 4, recipe(2, 3, true)));
+}
+
+TEST_CASE("[step7] lesson 4's planner on the napkin: Llama-2 7B, 8 sequences per GPU, by hand on the page") {
+  const fsdp::TransformerShape l7 = shape_named("Llama-2 7B");
+  const fsdp::Cluster h200;
+  // Full sharding on 8: 15,049,719,808 of state; b = 4: a block 34 x 67,108,864 + 5 x 32 x 4096^2 x 4 =
+  // 13,019,119,616, an input 134,217,728; 6 segments (round(sqrt(32))): 5 inputs and 6 blocks.
+  const mem::Plan plan = fsdp::plan_cell(l7, fsdp::Strategy::kFullShard, 8, 8, h200);
+  CHECK(plan.recipe.micro_batch == 4);
+  CHECK(plan.recipe.segments == 6);
+  CHECK(plan.recipe.low_precision);
+  CHECK(plan.peak_bytes == 15049719808 + 5 * int64_t{134217728} + 6 * int64_t{13019119616});
+  CHECK(plan.peak_bytes == 93835526144);
+  CHECK(plan.peak_bytes == fsdp::recipe_peak_bytes(l7, fsdp::Strategy::kFullShard, 8, 8, plan.recipe));
+  // The least-memory recipe first, then the 8 of micro-batches 8 and 4 in order: 9 probes.
+  CHECK(plan.probes == 9);
+  // At that budget the same plan; one byte less and float32 at b = 2 costs exactly as much (twice the bytes of
+  // half the sequences), so the planner goes on to 16-bit at b = 2.
+  fsdp::Cluster tight;
+  tight.gpu_bytes = plan.peak_bytes;
+  CHECK(fsdp::plan_cell(l7, fsdp::Strategy::kFullShard, 8, 8, tight).recipe.micro_batch == 4);
+  tight.gpu_bytes = plan.peak_bytes - 1;
+  const mem::Plan smaller = fsdp::plan_cell(l7, fsdp::Strategy::kFullShard, 8, 8, tight);
+  CHECK(smaller.recipe.micro_batch == 2);
+  CHECK(smaller.recipe.segments == 6);
+  CHECK(smaller.recipe.low_precision);
+  CHECK(fsdp::recipe_peak_bytes(l7, fsdp::Strategy::kFullShard, 8, 8, mem::Recipe{2, 6, false}) == plan.peak_bytes);
+  // DDP on 8 keeps 107,814,649,856 of state: only one sequence at a time fits, checkpointed.
+  const mem::Plan ddp = fsdp::plan_cell(l7, fsdp::Strategy::kDdp, 8, 8, h200);
+  CHECK(ddp.recipe.micro_batch == 1);
+  CHECK(ddp.recipe.segments == 6);
+  CHECK(ddp.peak_bytes == 107814649856 + 5 * int64_t{33554432} + 6 * int64_t{3254779904});
+  // Llama-2 13B replicated: no recipe fits, and the error says so.
+  CHECK_THROWS_WITH(fsdp::plan_cell(shape_named("Llama-2 13B"), fsdp::Strategy::kDdp, 8, 8, h200),
+                    Contains("no recipe fits the budget"));
+}
+
 TEST_CASE("[step7] bad input is refused by name") {
   const fsdp::ParamCount m = round_7b();
   const fsdp::Cluster h200;
@@ -271,6 +360,27 @@ TEST_CASE("[step7] bad input is refused by name") {
                         Contains((name + " must be > 0").c_str()));
     }
   }
+  // Lesson 4's recipe, by name; and the planner's own refusals come through plan_cell.
+  const fsdp::TransformerShape toy = toy_llama_5();
+  CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 2, 0, recipe(0, 1, true)),
+                    Contains("batch must be > 0"));
+  for (int64_t micro : {int64_t{-1}, int64_t{5}}) {
+    CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 2, 4, recipe(micro, 1, true)),
+                      Contains("micro_batch must be in [0, batch]"));
+  }
+  for (int64_t segments : {int64_t{0}, int64_t{6}}) {
+    CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 2, 4, recipe(1, segments, true)),
+                      Contains("segments must be in [1, layers]"));
+  }
+  CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 0, 4, recipe(1, 1, true)),
+                    Contains("gpus must be > 0"));
+  CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, unknown, 2, 4, recipe(1, 1, true)), Contains("unknown strategy"));
+  fsdp::TransformerShape flat = toy;
+  flat.layers = 0;
+  CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(flat, fsdp::Strategy::kDdp, 2, 4, recipe(1, 1, true)),
+                    Contains("layers must be > 0"));
+  CHECK_THROWS_WITH(fsdp::plan_cell(toy, fsdp::Strategy::kDdp, 2, 0, h200), Contains("batch must be"));
+  CHECK_THROWS_WITH(fsdp::plan_cell(toy, fsdp::Strategy::kDdp, 2, 4, no_memory), Contains("budget_bytes must be > 0"));
   fsdp::TransformerShape s = toy_llama();
   s.heads = 3;
   CHECK_THROWS_WITH(fsdp::layer_parameters(s), Contains("heads must divide hidden"));

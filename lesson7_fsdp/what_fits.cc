@@ -77,4 +77,24 @@ Fit what_fits(const TransformerShape& shape, Strategy strategy, int gpus, bool c
 }
 // [what_fits]
 
+// [recipe_peak_bytes]
+int64_t recipe_peak_bytes(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch,
+                          const mem::Recipe& recipe) {
+  // TODO(lesson7, step 7): refuse batch <= 0 ("batch must be > 0"), a micro-batch outside [0, batch]
+  // ("micro_batch must be in [0, batch]") and segments outside [1, layers] ("segments must be in [1, layers]").
+  // With b = the micro-batch (0: the whole batch): (S - 1) inputs of 2 s b h bytes and ceil(layers / S) blocks
+  // of activation_bytes' block, doubled for float32; plus the model state of model_state_bytes.
+  TORCH_CHECK(false, "TODO(lesson7, step 7): recipe_peak_bytes() is not implemented yet");
+}
+// [recipe_peak_bytes]
+
+// [plan_cell]
+mem::Plan plan_cell(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch,
+                    const Cluster& cluster) {
+  // TODO(lesson7, step 7): lesson 4's mem::plan_for_budget with the GPU's bytes as the budget, `batch`, the
+  // shape's layers, and a probe (a lambda) that returns recipe_peak_bytes for the recipe it is given.
+  TORCH_CHECK(false, "TODO(lesson7, step 7): plan_cell() is not implemented yet");
+}
+// [plan_cell]
+
 }  // namespace fsdp

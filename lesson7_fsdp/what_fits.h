@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "lesson4_memory/planner.h"
+
 namespace fsdp {
 
 // [api_fits_shape]
@@ -178,5 +180,31 @@ struct Fit {
 /// Step 7: the cell. Throws what the functions above throw, and "gpu_bytes must be > 0".
 Fit what_fits(const TransformerShape& shape, Strategy strategy, int gpus, bool checkpointing, const Cluster& cluster);
 // [api_fits_verdict]
+
+// [api_fits_plan]
+/// Step 7: one GPU's peak bytes when it trains `batch` sequences of `shape` per step with lesson 4's `recipe`
+/// (mem::Recipe; shape.micro_batch is not used): model_state_bytes(strategy, gpus) + the activations of one
+/// micro-batch of recipe.micro_batch sequences (0: all `batch` of them), with b = that micro-batch in
+/// activation_bytes' block of 34 s b h + 5 a s^2 b bytes:
+///  - S = recipe.segments, as lesson 4's checkpoint_sequential splits the blocks: S near-equal segments, every
+///    one but the last checkpointed. In the backward the S - 1 checkpointed segments' inputs are kept (2 s b h
+///    each) and one segment's blocks hold their activations at a time, the largest ceil(layers / S) of them:
+///    (S - 1) x 2 s b h + ceil(layers / S) x block. S = 1 is no checkpointing, activation_bytes(shape, false);
+///    S = layers keeps one input fewer than activation_bytes(shape, true), whose every block is checkpointed,
+///    the last one too (PyTorch's apply_activation_checkpointing);
+///  - recipe.low_precision false: the activations are float32, twice those bytes. The model state stays as
+///    model_state_bytes counts it (mixed precision) for every recipe.
+/// Throws "batch must be > 0", "micro_batch must be in [0, batch]", "segments must be in [1, layers]", and what
+/// model_state_bytes and activation_bytes throw.
+int64_t recipe_peak_bytes(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch,
+                          const mem::Recipe& recipe);
+
+/// Step 7: lesson 4's planner asked the question of the table: mem::plan_for_budget(cluster.gpu_bytes, batch,
+/// shape.layers, probe) with recipe_peak_bytes as the probe (arithmetic in place of lesson 4's measured run).
+/// Throws what plan_for_budget throws ("no recipe fits the budget", with the smallest peak) and what
+/// recipe_peak_bytes throws.
+mem::Plan plan_cell(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch,
+                    const Cluster& cluster);
+// [api_fits_plan]
 
 }  // namespace fsdp

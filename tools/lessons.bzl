@@ -256,8 +256,14 @@ LESSONS = [
         bench = "bench_case.cc",
         mutants = "mutants.py",
         library = "fsdp",
-        deps = ["//solutions/lesson5_distributed:ddp"],
-        header_deps = ["//lesson5_distributed:headers"],
+        deps = [
+            "//solutions/lesson4_memory:memory",
+            "//solutions/lesson5_distributed:ddp",
+        ],
+        header_deps = [
+            "//lesson4_memory:headers",
+            "//lesson5_distributed:headers",
+        ],
         check_deps = [
             "//common:memory_meter",
             "//tests:rank_checks",

@@ -143,4 +143,34 @@ Fit what_fits(const TransformerShape& shape, Strategy strategy, int gpus, bool c
 }
 // [what_fits]
 
+// [recipe_peak_bytes]
+int64_t recipe_peak_bytes(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch,
+                          const mem::Recipe& recipe) {
+  TORCH_CHECK(batch > 0, "batch must be > 0, got ", batch);
+  TORCH_CHECK(recipe.micro_batch >= 0 && recipe.micro_batch <= batch, "micro_batch must be in [0, batch]: got ",
+              recipe.micro_batch, " for a batch of ", batch);
+  TransformerShape micro = shape;
+  micro.micro_batch = recipe.micro_batch == 0 ? batch : recipe.micro_batch;
+  const int64_t block = activation_bytes(micro, false) / micro.layers;  // one block's 34 s b h + 5 a s^2 b
+  TORCH_CHECK(recipe.segments >= 1 && recipe.segments <= micro.layers, "segments must be in [1, layers]: got ",
+              recipe.segments, " for ", micro.layers, " layers");
+  const int64_t input = 2 * micro.sequence * micro.micro_batch * micro.hidden;
+  int64_t activations = (recipe.segments - 1) * input + ceil_div(micro.layers, recipe.segments) * block;
+  if (!recipe.low_precision) {
+    activations *= 2;  // float32 activations
+  }
+  return model_state_bytes(count_parameters(micro), strategy, gpus).total() + activations;
+}
+// [recipe_peak_bytes]
+
+// [plan_cell]
+mem::Plan plan_cell(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch,
+                    const Cluster& cluster) {
+  const mem::PeakProbe probe = [&](const mem::Recipe& recipe) {
+    return recipe_peak_bytes(shape, strategy, gpus, batch, recipe);
+  };
+  return mem::plan_for_budget(cluster.gpu_bytes, batch, shape.layers, probe);
+}
+// [plan_cell]
+
 }  // namespace fsdp
