@@ -89,8 +89,7 @@ int64_t recipe_peak_bytes(const TransformerShape& shape, Strategy strategy, int 
 // [recipe_peak_bytes]
 
 // [plan_cell]
-mem::Plan plan_cell(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch,
-                    const Cluster& cluster) {
+mem::Plan plan_cell(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch, const Cluster& cluster) {
   // TODO(lesson7, step 7): lesson 4's mem::plan_for_budget with the GPU's bytes as the budget, `batch`, the
   // shape's layers, and a probe (a lambda) that returns recipe_peak_bytes for the recipe it is given.
   TORCH_CHECK(false, "TODO(lesson7, step 7): plan_cell() is not implemented yet");

@@ -203,8 +203,7 @@ int64_t recipe_peak_bytes(const TransformerShape& shape, Strategy strategy, int 
 /// shape.layers, probe) with recipe_peak_bytes as the probe (arithmetic in place of lesson 4's measured run).
 /// Throws what plan_for_budget throws ("no recipe fits the budget", with the smallest peak) and what
 /// recipe_peak_bytes throws.
-mem::Plan plan_cell(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch,
-                    const Cluster& cluster);
+mem::Plan plan_cell(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch, const Cluster& cluster);
 // [api_fits_plan]
 
 }  // namespace fsdp

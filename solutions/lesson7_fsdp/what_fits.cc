@@ -164,8 +164,7 @@ int64_t recipe_peak_bytes(const TransformerShape& shape, Strategy strategy, int 
 // [recipe_peak_bytes]
 
 // [plan_cell]
-mem::Plan plan_cell(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch,
-                    const Cluster& cluster) {
+mem::Plan plan_cell(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch, const Cluster& cluster) {
   const mem::PeakProbe probe = [&](const mem::Recipe& recipe) {
     return recipe_peak_bytes(shape, strategy, gpus, batch, recipe);
   };
