@@ -11,8 +11,10 @@ results page.
 Every run's output goes to DIR/runK.log (a temporary folder unless --logs is given); the page holds, per run,
 the command, the date, the load before and after, the napkin inputs, the table of measured vs napkin step times
 and each round's ranking, and on top a verdict counted from those tables (rows within 1.5x, runs whose ranking
-held in every round). Lesson 7: the DDP-style, fully sharded and prefetched steps beside their napkin figures,
-and the verdict on prefetch the demo prints (within 1.5x of max(compute, communication)), counted over the runs.
+held in every round). Lesson 7: the DDP-style, ZeRO-1, fully sharded and prefetched steps beside their napkin
+figures, each row's bytes kept and peak bytes per rank and its CPU floor, and the verdict on prefetch the demo
+prints (within 1.5x of max(compute, communication), with the CPU floor's clause where it rules the goal out),
+counted over the runs.
 Needs root (namespaces); build the demo first (`bazel build //lesson5_distributed:demo`, or lesson 7's).
 """
 import argparse
@@ -213,20 +215,24 @@ def page(results):
 
 
 def parse7(path):
-    """Lesson 7's log: the header, the napkin inputs, the lesson7_network table, prefetch's saving, the verdict."""
+    """Lesson 7's log: the header, the napkin inputs, the lesson7_network table, prefetch's saving, the verdict (with
+    the CPU floor's clause when the demo printed one), the peaks of the busiest rank."""
     text = open(path).read()
     out = parse_head(text, "Model")
     rows = []
     for line in table_lines(text, "lesson7_network", ("Prefetch", "wrote ")):
-        m = re.match(r"^(.+?)\s{2,}(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
-                     r"\s+([\d.]+)\s+(.*)$", line)
-        rows.append({"variant": m.group(1), "ranks": int(m.group(2)), "kept": m.group(3), "sent": m.group(4),
-                     "calls": m.group(5), "step": m.group(6), "napkin": m.group(7), "ratio": float(m.group(8)),
-                     "compute": m.group(9), "comm": m.group(10), "rounds": m.group(11).strip()})
+        m = re.match(r"^(.+?)\s{2,}(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
+                     r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(.*)$", line)
+        rows.append({"variant": m.group(1), "ranks": int(m.group(2)), "kept": m.group(3), "peak": m.group(4),
+                     "sent": m.group(5), "calls": m.group(6), "step": m.group(7), "napkin": m.group(8),
+                     "ratio": float(m.group(9)), "compute": m.group(10), "comm": m.group(11),
+                     "cpu_floor": m.group(12), "rounds": m.group(13).strip()})
     out["rows"] = rows
     out["saves"] = re.search(r"^(Prefetch saves .*)$", text, re.M).group(1)
-    m = re.search(r"^Verdict: (with prefetch the step is ([\d.]+)x .* within 1\.5x: (met|NOT MET))$", text, re.M)
+    m = re.search(r"^Verdict: (with prefetch the step is ([\d.]+)x .* within 1\.5x: (met|NOT MET)(; .*)?)$", text,
+                  re.M)
     out["verdict"], out["met"] = m.group(1), m.group(3) == "met"
+    out["peaks"] = re.search(r"^(Peak bytes / rank, the most of any rank: .*)$", text, re.M).group(1)
     return out
 
 
@@ -244,22 +250,31 @@ def page7(results):
         "egress). **Latency: none added** (`--delay_ms 0`). **Compute: measured** in every round with no "
         "communication, every rank busy at once (replicated layers: forward, backward, Adam). **Bytes: counted** "
         "by the communicator on rank 0 (the sharded steps: every byte sent point-to-point plus the agreement "
-        "records; DDP-style: Gloo's all-reduce payload as a ring's 2 (N - 1) / N). Napkin: compute = forward + "
-        "backward + Adam (DDP-style) or 2 x forward (the backward recomputes each layer) + backward + Adam / N "
-        "(sharded); communication = bytes sent per step / the link's rate; DDP-style and no prefetch: the sum, "
-        "prefetch: the larger of the two. Step times are rank 0's medians of the timed steps per round; the step "
-        "column is the median of the rounds' medians.",
+        "records; DDP-style: Gloo's all-reduce payload as a ring's 2 (N - 1) / N; ZeRO-1, lesson 5's "
+        "`ddp::ZeroOptimizer`: that all-reduce plus one broadcast per parameter from the rank that owns its Adam "
+        "state, (N - 1) / N of the broadcasts' bytes). **Memory: counted** by lesson 4's meter in each rank "
+        "process: bytes kept between steps (parameters, gradients, Adam's moments) and rank 0's peak during a "
+        "timed step (every tensor byte the row allocated, activations and gathered layers included). Napkin: "
+        "compute = forward + backward + Adam (DDP-style), forward + backward + Adam / N (ZeRO-1) or 2 x forward "
+        "(the backward recomputes each layer) + backward + Adam / N (sharded); communication = bytes sent per "
+        "step / the link's rate (ZeRO-1's broadcasts counted once per step of Gloo's binomial tree, ceil(log2 "
+        "N)); DDP-style, ZeRO-1 and no prefetch: the sum, prefetch: the larger of the two. **CPU floor: "
+        "measured**: every rank's CPU time per timed step (getrusage, user + system, Gloo's threads included), "
+        "summed over the ranks, / the hardware threads: no schedule finishes a step faster on that machine. Step "
+        "times are rank 0's medians of the timed steps per round; the step column is the median of the rounds' "
+        "medians.",
         "",
     ]
     def body(res):
-        rows = ["| %s | %s | %s | %s | %s | %s | %.2f | %s / %s | %s |" % (
-            r["variant"], r["kept"], r["sent"], r["calls"], r["step"], r["napkin"], r["ratio"], r["compute"],
-            r["comm"], r["rounds"]) for r in res["rows"]]
-        return rows + ["", "- %s" % res["saves"], "- Verdict: %s" % res["verdict"], ""]
+        rows = ["| %s | %s | %s | %s | %s | %s | %s | %.2f | %s / %s | %s | %s |" % (
+            r["variant"], r["kept"], r["peak"], r["sent"], r["calls"], r["step"], r["napkin"], r["ratio"],
+            r["compute"], r["comm"], r["cpu_floor"], r["rounds"]) for r in res["rows"]]
+        return rows + ["", "- %s" % res["saves"], "- Verdict: %s" % res["verdict"], "- %s" % res["peaks"], ""]
 
-    head = ["| training | bytes kept / rank | MiB sent / rank / step | calls / step | step ms (median of rounds) | "
-            "napkin ms | measured / napkin | napkin: compute / communication ms | round medians ms |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    head = ["| training | bytes kept / rank | peak bytes / rank | MiB sent / rank / step | calls / step | "
+            "step ms (median of rounds) | napkin ms | measured / napkin | napkin: compute / communication ms | "
+            "CPU floor ms | round medians ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     return "\n".join(lines + per_run(results, head, body))
 
 
