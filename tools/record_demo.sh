@@ -6,7 +6,8 @@
 #
 # The page holds the date, the machine, LibTorch's version, the load before and after, the commit and the exact
 # command, then the demo's standard output, unedited. Run it from the repository root on a quiet machine if you can;
-# the load is written down either way.
+# the load is written down either way. RECORD_DEMO_OUT=FILE writes another page than the default (e.g. lesson 7's
+# demo with --world_size=4, whose ranks are processes, beside its default run).
 set -euo pipefail
 
 if [[ $# -lt 1 || ! "$1" =~ ^[0-9]+$ ]]; then
@@ -24,7 +25,7 @@ device=cpu
 for arg in "$@"; do
   [[ "$arg" == --device=* ]] && device=${arg#--device=}
 done
-out="docs/results/bench/lesson${number}_demo_${device%%:*}.md"
+out=${RECORD_DEMO_OUT:-docs/results/bench/lesson${number}_demo_${device%%:*}.md}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
@@ -42,11 +43,14 @@ dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " (with 
   echo "Date: $date_utc  "
   # How the run was scheduled where that is not the default (e.g. `nice -n -20 taskset -c 1 bash tools/record_demo.sh`).
   sched=""
-  (($(nproc) < $(nproc --all))) && sched+="; pinned to $(nproc) of them"
+  # GNU nproc counts OMP_NUM_THREADS too: ask it without.
+  cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+  ((cpus < $(nproc --all))) && sched+="; pinned to $cpus of them"
   (($(nice) != 0)) && sched+="; nice $(nice)"
   echo "Device: $cpu ($(nproc --all) hardware threads$sched)  "
   echo "LibTorch: $libtorch (Debian's libtorch-dev)  "
   echo "Load (1 min): $load_before at the start, $load_after at the end  "
+  [[ -n "${OMP_NUM_THREADS:-}" ]] && echo "Environment: OMP_NUM_THREADS=$OMP_NUM_THREADS  "
   echo "Code: $commit$dirty  "
   echo "Command: \`bazel run --config=ci //$dir:demo -- $*\` (its standard output below, unedited)"
   echo
