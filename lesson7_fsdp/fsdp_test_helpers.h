@@ -8,11 +8,6 @@
 
 #include "tests/torch_doctest.h"
 
-#include <chrono>
-#include <functional>
-#include <string>
-#include <vector>
-
 #include "lesson5_distributed/comm.h"
 #include "tests/rank_checks.h"
 
