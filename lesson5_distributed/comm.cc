@@ -319,6 +319,27 @@ AsyncWork Comm::recv_async(const at::Tensor& tensor, int src, int tag) {
 void Comm::send(const at::Tensor& tensor, int dst, int tag) { send_async(tensor, dst, tag).wait(); }
 void Comm::recv(const at::Tensor& tensor, int src, int tag) { recv_async(tensor, src, tag).wait(); }
 
+void Comm::group_reduce_scatter(const at::Tensor& output, const at::Tensor& input) {
+  impl_->check_tensor("group_reduce_scatter", output);
+  impl_->check_tensor("group_reduce_scatter", input);
+  TORCH_CHECK(input.numel() == output.numel() * world_size(), "group_reduce_scatter: input must have N x ",
+              "output.numel() elements: ", input.numel(), " for an output of ", output.numel(), " on ", world_size(),
+              " ranks");
+  const std::string what = "reduce_scatter of " + std::to_string(input.nbytes()) + " bytes";
+  impl_->stats.calls += 1;
+  impl_->stats.reduce_scatter_calls += 1;
+  impl_->stats.reduce_scatter_bytes += static_cast<int64_t>(input.nbytes());
+  impl_->log.push_back("reduce_scatter " + std::to_string(input.nbytes()));
+  at::Tensor out = output, in = input;  // c10d takes them by non-const reference
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = impl_->group->_reduce_scatter_base(out, in);
+  } catch (const std::exception& error) {
+    impl_->fail(what, error);
+  }
+  impl_->run(what, work);
+}
+
 void Comm::barrier() {
   impl_->stats.calls += 1;
   impl_->log.push_back("barrier");

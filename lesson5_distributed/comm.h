@@ -34,13 +34,17 @@ struct CommStats {
   int64_t broadcast_calls = 0;
   int64_t broadcast_bytes = 0;  ///< counted on every rank (the root sends them, the others receive them)
   int64_t all_gather_calls = 0;
-  int64_t all_gather_bytes = 0;  ///< this rank's input bytes per call
-  int64_t send_calls = 0;        ///< point-to-point sends (send, send_async)
-  int64_t send_bytes = 0;        ///< bytes this rank sent point-to-point
-  int64_t recv_calls = 0;        ///< point-to-point receives (recv, recv_async)
-  int64_t recv_bytes = 0;        ///< bytes this rank received point-to-point (not in bytes(): a peer sent them)
+  int64_t all_gather_bytes = 0;      ///< this rank's input bytes per call
+  int64_t send_calls = 0;            ///< point-to-point sends (send, send_async)
+  int64_t send_bytes = 0;            ///< bytes this rank sent point-to-point
+  int64_t recv_calls = 0;            ///< point-to-point receives (recv, recv_async)
+  int64_t recv_bytes = 0;            ///< bytes this rank received point-to-point (not in bytes(): a peer sent them)
+  int64_t reduce_scatter_calls = 0;  ///< the group's own reduce-scatter (group_reduce_scatter)
+  int64_t reduce_scatter_bytes = 0;  ///< its input bytes per call (the whole payload, N chunks)
   /// Bytes this rank handed to the group: the collectives' payloads plus what it sent point-to-point.
-  int64_t bytes() const { return all_reduce_bytes + broadcast_bytes + all_gather_bytes + send_bytes; }
+  int64_t bytes() const {
+    return all_reduce_bytes + broadcast_bytes + all_gather_bytes + send_bytes + reduce_scatter_bytes;
+  }
 };
 
 /// Bytes a ring all-reduce of `payload_bytes` sends from each rank: reduce-scatter then all-gather, each
@@ -90,6 +94,13 @@ class Comm {
   std::vector<at::Tensor> all_gather(const at::Tensor& input);
   /// Returns once every rank has called it.
   void barrier();
+  /// The process group's OWN reduce-scatter (c10d's `_reduce_scatter_base`), for setting lesson 7's ring beside
+  /// it: `input` (contiguous, N x output.numel() elements, the same on every rank's shape) is summed across the
+  /// ranks and rank r gets chunk r in `output`. LibTorch 1.13's Gloo has none (throws "does not support", the
+  /// group's words); 2.x's Gloo all-reduces a copy of `input` and copies out its chunk (ProcessGroupGloo::
+  /// reduce_scatter_tensor_coalesced: an all-reduce's bytes); NCCL runs a real reduce-scatter. Throws
+  /// "input must have N x output.numel() elements". Counted in reduce_scatter_calls/reduce_scatter_bytes.
+  void group_reduce_scatter(const at::Tensor& output, const at::Tensor& input);
 
   /// Point-to-point (Gloo's send/recv; lesson 7's rings are built on them): sends `tensor` to rank `dst`, which
   /// must call recv with a tensor of the same byte size and the same `tag`. A send may wait until the peer has

@@ -43,6 +43,7 @@
 #include <sys/resource.h>
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include "common/device.h"
 #include "common/memory_meter.h"
@@ -753,12 +754,41 @@ int main(int argc, char** argv) {
     fsdp::reduce_scatter_into(comm, full, shard);
     fsdp::all_gather_into(comm, shard, at::empty({elements}));
   });
+  // Step 1's reduce-scatter alone, beside the group's own: LibTorch 2.x's Gloo all-reduces a copy and keeps its
+  // chunk; 1.13's Gloo has none (the row says so).
+  const Measured ring_rs = measure(repeats, [&](dist::Comm& comm) {
+    at::Tensor shard = at::empty({elements / kRanks});
+    fsdp::reduce_scatter_into(comm, at::ones({elements}), shard);
+  });
+  std::string group_rs_ms = "none";
+  std::string group_rs_how = "napkin 2(N-1)/N x B (an all-reduce inside)";
+  try {
+    group_rs_ms =
+        workshop::fixed(measure(repeats,
+                                [&](dist::Comm& comm) {
+                                  comm.group_reduce_scatter(at::empty({elements / kRanks}), at::ones({elements}));
+                                })
+                            .median_ms,
+                        3);
+  } catch (const c10::Error& error) {
+    const std::string what = error.what();
+    group_rs_how = "LibTorch " TORCH_VERSION ": " + (what.find("does not support") != std::string::npos
+                                                         ? std::string("Gloo has none")
+                                                         : what.substr(0, what.find('\n')));
+  }
   workshop::Table table("lesson7_fsdp_rings", {"operation on " + workshop::mib(payload), "bytes sent per rank",
                                                "how counted", "ms (median, rank 0)"});
   table.add({"Gloo all_reduce", std::to_string(static_cast<int64_t>(dist::ring_allreduce_wire_bytes(payload, kRanks))),
              "napkin 2(N-1)/N x B", workshop::fixed(all_reduce.median_ms, 3)});
   table.add({"ring reduce_scatter + all_gather (step 1)", std::to_string(rings.sent_bytes), "counted",
              workshop::fixed(rings.median_ms, 3)});
+  table.add({"ring reduce_scatter (step 1)", std::to_string(ring_rs.sent_bytes), "counted",
+             workshop::fixed(ring_rs.median_ms, 3)});
+  table.add({"the group's own reduce_scatter (c10d)",
+             group_rs_ms == "none"
+                 ? "-"
+                 : std::to_string(static_cast<int64_t>(dist::ring_allreduce_wire_bytes(payload, kRanks))),
+             group_rs_how, group_rs_ms});
   std::string path = table.emit(csv_dir);
   if (!path.empty()) std::cout << "wrote " << path << "\n";
 

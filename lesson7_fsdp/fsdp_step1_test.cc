@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include "lesson5_distributed/comm.h"
 #include "lesson7_fsdp/fsdp.h"
@@ -67,6 +69,44 @@ TEST_CASE("[step1] reduce_scatter_into: each rank gets its chunk of the sum, (N-
       CHECK(s.send_calls == n - 1);
       CHECK(s.all_reduce_calls == 0);
       CHECK(s.all_gather_calls == 0);
+    }
+  }
+}
+
+TEST_CASE("[step1] beside the group's own reduce-scatter: the same shards; LibTorch 1.13's Gloo has none") {
+  // 2.x's Gloo makes its reduce-scatter of an all-reduce (ProcessGroupGloo::reduce_scatter_tensor_coalesced): the
+  // demo times the two side by side. Here: the ring's shards are the group's, and 1.13 refuses by name.
+  for (const int n : {2, 3}) {
+    const int64_t shard = 6;
+    std::vector<at::Tensor> ring(static_cast<size_t>(n)), group(static_cast<size_t>(n));
+    std::vector<std::string> refused(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      const at::Tensor full = rank_tensor(comm.rank(), n * shard);
+      CHECK_THROWS_WITH(comm.group_reduce_scatter(at::zeros({shard}), full.narrow(0, 0, shard + 1)),
+                        Contains("input must have N x output.numel() elements"));
+      at::Tensor mine = at::zeros({shard});
+      fsdp::reduce_scatter_into(comm, full, mine);
+      ring[static_cast<size_t>(comm.rank())] = mine;
+      at::Tensor theirs = at::zeros({shard});
+      try {
+        comm.group_reduce_scatter(theirs, full);
+        group[static_cast<size_t>(comm.rank())] = theirs;
+      } catch (const c10::Error& error) {
+        refused[static_cast<size_t>(comm.rank())] = error.what();
+      }
+    });
+    const at::Tensor sum = summed(n, n * shard);
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(n);
+      CAPTURE(r);
+      CHECK(at::equal(ring[static_cast<size_t>(r)], sum.narrow(0, r * shard, shard)));
+#if TORCH_VERSION_MAJOR >= 2
+      REQUIRE_MESSAGE(refused[static_cast<size_t>(r)].empty(), refused[static_cast<size_t>(r)]);
+      CHECK(at::equal(group[static_cast<size_t>(r)], ring[static_cast<size_t>(r)]));
+#else
+      CHECK_MESSAGE(refused[static_cast<size_t>(r)].find("does not support") != std::string::npos,
+                    refused[static_cast<size_t>(r)]);
+#endif
     }
   }
 }
