@@ -12,6 +12,7 @@
 
 #include "common/memory_meter.h"
 #include "lesson5_distributed/comm.h"
+#include "lesson5_distributed/ddp.h"
 #include "lesson7_fsdp/fsdp.h"
 
 using namespace fsdp_checks;  // NOLINT: the shared problem (fsdp_test_problem.h)
@@ -129,6 +130,95 @@ TEST_CASE(
       CHECK(s.all_gather_bytes == 6 * 64);
       CHECK(s.all_reduce_calls == 0);
     }
+  }
+}
+
+namespace {
+
+// Bytes of Adam's two moments that `optimizer` holds (LibTorch keeps Adam's step count as an integer, not a tensor).
+int64_t adam_state_bytes(torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  for (const auto& entry : optimizer.state()) {
+    const auto& state = static_cast<const torch::optim::AdamParamState&>(*entry.second);
+    bytes += static_cast<int64_t>(state.exp_avg().nbytes() + state.exp_avg_sq().nbytes());
+  }
+  return bytes;
+}
+
+int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const auto& t : tensors)
+    bytes += static_cast<int64_t>(t.nbytes() + (t.grad().defined() ? t.grad().nbytes() : 0));
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("[step3] bytes kept per rank after an Adam step, beside DDP and ZeRO-1 on the same model") {
+  // Float32 parameters, gradients and Adam's two moments: 16 bytes per parameter. DDP keeps all of them on every
+  // rank; ZeRO-1 (lesson 5, step 5) shards the moments; full sharding shards everything, padding included.
+  const Problem p = make_problem();
+  const int64_t numel = kLayerNumel[0] + kLayerNumel[1] + kLayerNumel[2];
+  for (const int n : {2, 3}) {
+    std::vector<int64_t> ddp(static_cast<size_t>(n)), zero1(static_cast<size_t>(n)), sharded(static_cast<size_t>(n));
+    std::vector<int64_t> owned(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      const int r = comm.rank();
+      const auto replicated = [&] {
+        std::vector<torch::Tensor> all;
+        for (const auto& layer : p.layers) {
+          for (const auto& t : layer) all.push_back(t.clone().requires_grad_(true));
+        }
+        return all;
+      };
+      const auto step_on = [&](const std::vector<torch::Tensor>& all) {
+        torch::Tensor h = rows(p.x, r, n);
+        for (size_t l = 0; l < 3; ++l) h = kLayers[l](h, {all[2 * l], all[2 * l + 1]});
+        torch::mse_loss(h, rows(p.y, r, n)).backward();
+      };
+      {  // DDP-style (the gradients' all-reduce does not change what is kept)
+        std::vector<torch::Tensor> all = replicated();
+        torch::optim::Adam adam(all, torch::optim::AdamOptions(0.01));
+        step_on(all);
+        adam.step();
+        ddp[static_cast<size_t>(r)] = tensor_bytes(all) + adam_state_bytes(adam);
+      }
+      {  // ZeRO-1: lesson 5's ZeroOptimizer over the same replicated parameters
+        std::vector<torch::Tensor> all = replicated();
+        ddp::ZeroOptimizer zero(comm, all, [](std::vector<torch::Tensor> mine) {
+          return std::make_unique<torch::optim::Adam>(mine, torch::optim::AdamOptions(0.01));
+        });
+        step_on(all);
+        zero.step();
+        zero1[static_cast<size_t>(r)] = tensor_bytes(all) + zero.state_bytes();
+        for (size_t i = 0; i < all.size(); ++i) {
+          if (zero.owners()[i] == r) owned[static_cast<size_t>(r)] += all[i].numel();
+        }
+      }
+      {  // fully sharded (steps 2 and 3)
+        std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
+        std::vector<torch::Tensor> shards = master_shards(flats);
+        torch::optim::Adam adam(shards, torch::optim::AdamOptions(0.01));
+        torch::Tensor h = rows(p.x, r, n);
+        for (size_t l = 0; l < flats.size(); ++l) h = fsdp::sharded_forward(comm, flats[l], kLayers[l], h);
+        torch::mse_loss(h, rows(p.y, r, n)).backward();
+        adam.step();
+        sharded[static_cast<size_t>(r)] = tensor_bytes(shards) + adam_state_bytes(adam);
+      }
+    });
+    int64_t shard_elements = 0;
+    for (const int64_t layer : kLayerNumel) shard_elements += shard_of(layer, n);
+    int64_t owned_in_all = 0;
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(n);
+      CAPTURE(r);
+      CHECK(ddp[static_cast<size_t>(r)] == 16 * numel);
+      CHECK(zero1[static_cast<size_t>(r)] == 8 * numel + 8 * owned[static_cast<size_t>(r)]);
+      CHECK(sharded[static_cast<size_t>(r)] == 16 * shard_elements);  // 1/N of the padded model
+      CHECK(sharded[static_cast<size_t>(r)] < zero1[static_cast<size_t>(r)]);
+      owned_in_all += owned[static_cast<size_t>(r)];
+    }
+    CHECK(owned_in_all == numel);  // ZeRO-1's moments: every parameter's on exactly one rank
   }
 }
 
