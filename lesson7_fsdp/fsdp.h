@@ -29,7 +29,10 @@ int64_t shard_numel(int64_t numel, int world_size);
 /// received: (N - 1) / N of full's bytes sent per rank, half of a ring all-reduce. `full` is not changed.
 /// Both tensors contiguous, defined, of one dtype, on the communicator's device. Throws, on the rank that
 /// sees it and before any traffic: "is undefined", "must be contiguous", "must have the same dtype",
-/// "elements, but" (full is not N x shard: "full has 10 elements, but 2 ranks x 4 need 8").
+/// "elements, but" (full is not N x shard: "full has 10 elements, but 2 ranks x 4 need 8"). The checks set it
+/// beside the process group's own, lesson 5's dist::Comm::group_reduce_scatter(shard, full) (LibTorch 2.x's
+/// Gloo: an all-reduce inside; 1.13's: "does not support"), which refuses a full tensor that is not N x shard
+/// with "input must have N x output.numel() elements".
 void reduce_scatter_into(dist::Comm& comm, const at::Tensor& full, const at::Tensor& shard);
 
 /// Step 1: ring all-gather, the inverse: afterwards chunk r of `full` is rank r's `shard` (on every rank). In

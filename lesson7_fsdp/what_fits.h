@@ -201,8 +201,8 @@ int64_t recipe_peak_bytes(const TransformerShape& shape, Strategy strategy, int 
 
 /// Step 7: lesson 4's planner asked the question of the table: mem::plan_for_budget(cluster.gpu_bytes, batch,
 /// shape.layers, probe) with recipe_peak_bytes as the probe (arithmetic in place of lesson 4's measured run).
-/// Throws what plan_for_budget throws ("no recipe fits the budget", with the smallest peak) and what
-/// recipe_peak_bytes throws.
+/// Throws what plan_for_budget throws ("budget_bytes must be > 0" when cluster.gpu_bytes is not, "batch must be
+/// >= 1", "no recipe fits the budget" with the smallest peak) and what recipe_peak_bytes throws.
 mem::Plan plan_cell(const TransformerShape& shape, Strategy strategy, int gpus, int64_t batch, const Cluster& cluster);
 // [api_fits_plan]
 
