@@ -252,7 +252,7 @@ LESSONS = [
         ],
         given = [],
         extra = [],
-        solution_extra = ["process_test.sh"],
+        solution_extra = ["process_test.sh", "cpu_probe.cc"],
         bench = "bench_case.cc",
         mutants = "mutants.py",
         library = "fsdp",

@@ -13,10 +13,16 @@
 //     build flag USE_C10D_GLOO, which LibTorch's own build sets and its headers do not.
 #pragma once
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
@@ -95,6 +101,36 @@ inline c10::intrusive_ptr<c10d::TCPStore> tcp_store(const std::string& host, uin
 
 inline uint16_t tcp_store_port(const c10d::TCPStore& store) { return store.getPort(); }
 
+/// The nice value of Gloo's TCP event-loop thread (one per group; the rank's own thread and the group's worker
+/// threads keep theirs). That loop busy-polls while a rank's thread holds the lock of the connection it has events
+/// for: Pair::handleEvents only try-locks it and returns, and epoll_wait (level-triggered) reports the same socket
+/// again at once (pytorch/gloo#246). Where the ranks' threads outnumber the cores (2 rank processes on 2 cores), the
+/// spinning loop takes the core from the very thread it waits for: in the lesson 7 demo's sharded step (58 calls)
+/// the loop threads burned 35 to 55 ms of CPU per rank and step, most of it in epoll_wait. At nice 19 the loop
+/// yields the core to any nice-0 thread that wants it and still runs whenever a core is free: 10 to 15 ms
+/// (docs/results/lesson7_cpu_profile.md). What is sent does not change. Raising one's own nice value needs no
+/// privilege.
+constexpr int kGlooLoopNice = 19;
+
+/// `make()` run on a new thread whose nice value is `nice` (Linux: per thread, and inherited by the threads that
+/// thread starts); its result or its exception comes back here. Where the nice value cannot be set, it runs anyway.
+template <typename Make>
+auto on_thread_with_nice(int nice, const Make& make) -> decltype(make()) {
+  decltype(make()) out;
+  std::exception_ptr error;
+  std::thread maker([&] {
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice);  // best effort
+    try {
+      out = make();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  maker.join();
+  if (error) std::rethrow_exception(error);
+  return out;
+}
+
 /// A Gloo group for `rank` of `world_size` on `store`, talking TCP over `host`: an address (127.0.0.1 for
 /// loopback) or "iface:NAME" for an interface. createDeviceForHostname / createDeviceForInterface take one
 /// string in 1.13 and (string, bool lazyInit = false) in 2.x: the one-argument call compiles on both.
@@ -104,11 +140,11 @@ inline c10::intrusive_ptr<Collectives> gloo_group(const c10::intrusive_ptr<c10d:
 #if WORKSHOP_HAS_GLOO
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   const std::string iface = "iface:";
-  if (host.rfind(iface, 0) == 0) {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(host.substr(iface.size())));
-  } else {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
-  }
+  // The device starts Gloo's event-loop thread; made on a thread of the loop's nice value, the loop inherits it.
+  options->devices.push_back(on_thread_with_nice(kGlooLoopNice, [&] {
+    return host.rfind(iface, 0) == 0 ? c10d::ProcessGroupGloo::createDeviceForInterface(host.substr(iface.size()))
+                                     : c10d::ProcessGroupGloo::createDeviceForHostname(host);
+  }));
   options->threads = 2;
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
 #else
