@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <string>
@@ -102,15 +103,26 @@ inline c10::intrusive_ptr<c10d::TCPStore> tcp_store(const std::string& host, uin
 inline uint16_t tcp_store_port(const c10d::TCPStore& store) { return store.getPort(); }
 
 /// The nice value of Gloo's TCP event-loop thread (one per group; the rank's own thread and the group's worker
-/// threads keep theirs). That loop busy-polls while a rank's thread holds the lock of the connection it has events
-/// for: Pair::handleEvents only try-locks it and returns, and epoll_wait (level-triggered) reports the same socket
-/// again at once (pytorch/gloo#246). Where the ranks' threads outnumber the cores (2 rank processes on 2 cores), the
-/// spinning loop takes the core from the very thread it waits for: in the lesson 7 demo's sharded step (58 calls)
-/// the loop threads burned 35 to 55 ms of CPU per rank and step, most of it in epoll_wait. At nice 19 the loop
-/// yields the core to any nice-0 thread that wants it and still runs whenever a core is free: 10 to 15 ms
-/// (docs/results/lesson7_cpu_profile.md). What is sent does not change. Raising one's own nice value needs no
-/// privilege.
-constexpr int kGlooLoopNice = 19;
+/// threads keep theirs), from the environment variable WORKSHOP_GLOO_LOOP_NICE: unset or 0 leaves Gloo as it is
+/// (the default: the checks and the recorded runs), 1 to 19 lowers that one thread. Why one would: that loop
+/// busy-polls while a rank's thread holds the lock of the connection it has events for (Pair::handleEvents only
+/// try-locks it and returns, and level-triggered epoll_wait reports the same socket again at once;
+/// pytorch/gloo#246). Where the ranks' threads outnumber the cores (2 rank processes on 2 cores) the spinning loop
+/// takes the core from the very thread it waits for: in lesson 7's demo the sharded step (58 calls) burned 35 to
+/// 55 ms of loop CPU per rank and step; at nice 19, 10 to 15 ms (docs/results/lesson7_cpu_profile.md). The price:
+/// a loop at nice 19 runs only when no nice-0 thread wants the core, and it is the thread that reads every
+/// received byte, so on a machine busy with other work (a build beside the tests) every message can wait. Hence
+/// opt-in. Raising one's own nice value needs no privilege. Throws "WORKSHOP_GLOO_LOOP_NICE must be an integer
+/// in 0..19" for anything else.
+inline int gloo_loop_nice() {
+  const char* text = std::getenv("WORKSHOP_GLOO_LOOP_NICE");
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  TORCH_CHECK(*end == '\0' && value >= 0 && value <= 19, "WORKSHOP_GLOO_LOOP_NICE must be an integer in 0..19, got '",
+              text, "'");
+  return static_cast<int>(value);
+}
 
 /// `make()` run on a new thread whose nice value is `nice` (Linux: per thread, and inherited by the threads that
 /// thread starts); its result or its exception comes back here. Where the nice value cannot be set, it runs anyway.
@@ -140,11 +152,13 @@ inline c10::intrusive_ptr<Collectives> gloo_group(const c10::intrusive_ptr<c10d:
 #if WORKSHOP_HAS_GLOO
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   const std::string iface = "iface:";
-  // The device starts Gloo's event-loop thread; made on a thread of the loop's nice value, the loop inherits it.
-  options->devices.push_back(on_thread_with_nice(kGlooLoopNice, [&] {
+  const auto make_device = [&] {
     return host.rfind(iface, 0) == 0 ? c10d::ProcessGroupGloo::createDeviceForInterface(host.substr(iface.size()))
                                      : c10d::ProcessGroupGloo::createDeviceForHostname(host);
-  }));
+  };
+  // The device starts Gloo's event-loop thread; made on a thread of the loop's nice value, the loop inherits it.
+  const int nice = gloo_loop_nice();
+  options->devices.push_back(nice == 0 ? make_device() : on_thread_with_nice(nice, make_device));
   options->threads = 2;
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
 #else

@@ -210,9 +210,10 @@ std::vector<Case> cases() {
   return out;
 }
 
-// Sets nice value `nice` on the threads of this process that now have nice value `from` (the compat layer starts
-// Gloo's event loop at workshop::compat::kGlooLoopNice, 19; the other threads are at 0). Lowering a nice value
-// needs root (CAP_SYS_NICE): --loop_nice=0 puts the loop back where LibTorch starts it, for a before/after.
+// Sets nice value `nice` on the threads of this process that now have nice value `from` (with
+// WORKSHOP_GLOO_LOOP_NICE=19 in the environment the compat layer starts Gloo's event loop at 19; the other threads
+// are at 0). Lowering a nice value needs root (CAP_SYS_NICE): --loop_nice=0 puts the loop back where LibTorch
+// starts it, for a before/after in one process.
 int renice_threads(int from, int nice) {
   int count = 0;
   DIR* dir = opendir("/proc/self/task");
