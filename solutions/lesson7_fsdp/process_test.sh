@@ -4,10 +4,14 @@
 # the sharded rows fewer than ZeRO-1; every row's peak bytes are at least its bytes kept; the CPU floor, the napkin
 # and the verdict are printed; and no rank process is left behind.
 set -uo pipefail
+# Every process of this run carries a token of its own in its environment (the ranks inherit it from the demo), so
+# the check for ranks left behind sees this run's processes only, not another test's or another user's demo.
+token=rank_check_$$_$RANDOM
+left_behind() { grep -lsz "^WORKSHOP_RANK_TOKEN=$token\$" /proc/[0-9]*/environ; }
 demo=$1
 out=${TEST_TMPDIR:-$(mktemp -d)}/l7proc
 mkdir -p "$out"
-timeout 120 "$demo" --quick --world_size=2 --csv_dir="$out" >"$out/log.txt" 2>&1 ||
+WORKSHOP_RANK_TOKEN=$token timeout 120 "$demo" --quick --world_size=2 --csv_dir="$out" >"$out/log.txt" 2>&1 ||
   { cat "$out/log.txt"; echo "the demo failed"; exit 1; }
 cat "$out/log.txt"
 csv=$out/lesson7_network.csv
@@ -45,6 +49,6 @@ grep -q "^Napkin math: link " "$out/log.txt" || { echo "no napkin line"; fail=1;
 grep -Eq "^Verdict: with prefetch the step is [0-9.]+x max\(compute .* within 1.5x: (met|NOT MET)(; the goal cannot be met on this machine: its CPU floor, [0-9.]+ ms .*)?$" \
   "$out/log.txt" || { echo "no verdict line"; fail=1; }
 grep -q "^Peak bytes / rank, the most of any rank: " "$out/log.txt" || { echo "no line of the busiest ranks' peaks"; fail=1; }
-if pgrep -f -- "--l7_world=2 --l7_port" >/dev/null; then echo "a rank process is still running"; fail=1; fi
+if left_behind >/dev/null; then echo "a rank process is still running: $(left_behind)"; fail=1; fi
 echo "$(( fail == 0 ? 1 : 0 )) passed, $fail failed"
 exit $fail
