@@ -87,6 +87,18 @@ struct Comm::Impl {
                 backend, " group works on ", device);
   }
 
+  // Starts a collective with `launch` (a failure to start it is named as a failure to finish it is) and waits.
+  template <typename Launch>
+  void start_and_run(const std::string& what, const Launch& launch) {
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = launch();
+    } catch (const std::exception& error) {
+      fail(what, error);
+    }
+    run(what, work);
+  }
+
   void run(const std::string& what, const c10::intrusive_ptr<c10d::Work>& work) {
     try {
       work->wait();
@@ -192,13 +204,7 @@ void Comm::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   impl_->stats.all_reduce_calls += 1;
   impl_->stats.all_reduce_bytes += static_cast<int64_t>(tensor.nbytes());
   impl_->log.push_back("all_reduce " + std::to_string(tensor.nbytes()));
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = impl_->group->allreduce(tensors, options);
-  } catch (const std::exception& error) {
-    impl_->fail(what, error);
-  }
-  impl_->run(what, work);
+  impl_->start_and_run(what, [&] { return impl_->group->allreduce(tensors, options); });
 }
 
 AsyncWork Comm::all_reduce_async(const at::Tensor& tensor) {
@@ -235,13 +241,7 @@ void Comm::broadcast(const at::Tensor& tensor, int root) {
   impl_->stats.broadcast_calls += 1;
   impl_->stats.broadcast_bytes += static_cast<int64_t>(tensor.nbytes());
   impl_->log.push_back("broadcast " + std::to_string(tensor.nbytes()));
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = impl_->group->broadcast(tensors, options);
-  } catch (const std::exception& error) {
-    impl_->fail(what, error);
-  }
-  impl_->run(what, work);
+  impl_->start_and_run(what, [&] { return impl_->group->broadcast(tensors, options); });
 }
 
 std::vector<at::Tensor> Comm::all_gather(const at::Tensor& input) {
@@ -254,13 +254,7 @@ std::vector<at::Tensor> Comm::all_gather(const at::Tensor& input) {
   impl_->stats.all_gather_calls += 1;
   impl_->stats.all_gather_bytes += static_cast<int64_t>(input.nbytes());
   impl_->log.push_back("all_gather " + std::to_string(input.nbytes()));
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = impl_->group->allgather(outputs, inputs);
-  } catch (const std::exception& error) {
-    impl_->fail(what, error);
-  }
-  impl_->run(what, work);
+  impl_->start_and_run(what, [&] { return impl_->group->allgather(outputs, inputs); });
   return outputs[0];
 }
 
@@ -331,25 +325,13 @@ void Comm::group_reduce_scatter(const at::Tensor& output, const at::Tensor& inpu
   impl_->stats.reduce_scatter_bytes += static_cast<int64_t>(input.nbytes());
   impl_->log.push_back("reduce_scatter " + std::to_string(input.nbytes()));
   at::Tensor out = output, in = input;  // c10d takes them by non-const reference
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = impl_->group->_reduce_scatter_base(out, in);
-  } catch (const std::exception& error) {
-    impl_->fail(what, error);
-  }
-  impl_->run(what, work);
+  impl_->start_and_run(what, [&] { return impl_->group->_reduce_scatter_base(out, in); });
 }
 
 void Comm::barrier() {
   impl_->stats.calls += 1;
   impl_->log.push_back("barrier");
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = impl_->group->barrier();
-  } catch (const std::exception& error) {
-    impl_->fail("barrier", error);
-  }
-  impl_->run("barrier", work);
+  impl_->start_and_run("barrier", [&] { return impl_->group->barrier(); });
 }
 
 namespace {

@@ -231,14 +231,6 @@ fsdp::TransformerShape toy_llama_5() {
   return s;
 }
 
-mem::Recipe recipe(int64_t micro_batch, int64_t segments, bool low_precision) {
-  mem::Recipe r;
-  r.micro_batch = micro_batch;
-  r.segments = segments;
-  r.low_precision = low_precision;
-  return r;
-}
-
 TEST_CASE("[step7] a lesson 4 recipe's peak: segments, micro-batch and float32 on a toy of 5 blocks") {
   const fsdp::TransformerShape toy = toy_llama_5();
   for (auto strategy : {fsdp::Strategy::kDdp, fsdp::Strategy::kFullShard}) {
@@ -248,7 +240,7 @@ TEST_CASE("[step7] a lesson 4 recipe's peak: segments, micro-batch and float32 o
       // The state is model_state_bytes' total, working buffers included.
       const int64_t state = fsdp::model_state_bytes(fsdp::count_parameters(toy), strategy, gpus).total();
       const auto activations = [&](int64_t micro, int64_t segments, bool low) {
-        return fsdp::recipe_peak_bytes(toy, strategy, gpus, 4, recipe(micro, segments, low)) - state;
+        return fsdp::recipe_peak_bytes(toy, strategy, gpus, 4, mem::Recipe{micro, segments, low}) - state;
       };
       // b = 2 of a batch of 4, 16-bit: no checkpointing keeps all 5 blocks, 5 x 1,992 = 9,960.
       CHECK(activations(2, 1, true) == 9960);
@@ -272,8 +264,8 @@ TEST_CASE("[step7] a lesson 4 recipe's peak: segments, micro-batch and float32 o
   // shape.micro_batch plays no part: the recipe says how many sequences go through at once.
   fsdp::TransformerShape other = toy;
   other.micro_batch = 3;
-  CHECK(fsdp::recipe_peak_bytes(other, fsdp::Strategy::kDdp, 2, 4, recipe(2, 3, true)) ==
-        fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 2, 4, recipe(2, 3, true)));
+  CHECK(fsdp::recipe_peak_bytes(other, fsdp::Strategy::kDdp, 2, 4, mem::Recipe{2, 3, true}) ==
+        fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 2, 4, mem::Recipe{2, 3, true}));
 }
 
 TEST_CASE("[step7] lesson 4's planner on the napkin: Llama-2 7B, 8 sequences per GPU, by hand on the page") {
@@ -362,22 +354,22 @@ TEST_CASE("[step7] bad input is refused by name") {
   }
   // Lesson 4's recipe, by name; and the planner's own refusals come through plan_cell.
   const fsdp::TransformerShape toy = toy_llama_5();
-  CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 2, 0, recipe(0, 1, true)),
+  CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 2, 0, mem::Recipe{0, 1, true}),
                     Contains("batch must be > 0"));
   for (int64_t micro : {int64_t{-1}, int64_t{5}}) {
-    CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 2, 4, recipe(micro, 1, true)),
+    CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 2, 4, mem::Recipe{micro, 1, true}),
                       Contains("micro_batch must be in [0, batch]"));
   }
   for (int64_t segments : {int64_t{0}, int64_t{6}}) {
-    CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 2, 4, recipe(1, segments, true)),
+    CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 2, 4, mem::Recipe{1, segments, true}),
                       Contains("segments must be in [1, layers]"));
   }
-  CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 0, 4, recipe(1, 1, true)),
+  CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, fsdp::Strategy::kDdp, 0, 4, mem::Recipe{1, 1, true}),
                     Contains("gpus must be > 0"));
-  CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, unknown, 2, 4, recipe(1, 1, true)), Contains("unknown strategy"));
+  CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(toy, unknown, 2, 4, mem::Recipe{1, 1, true}), Contains("unknown strategy"));
   fsdp::TransformerShape flat = toy;
   flat.layers = 0;
-  CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(flat, fsdp::Strategy::kDdp, 2, 4, recipe(1, 1, true)),
+  CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(flat, fsdp::Strategy::kDdp, 2, 4, mem::Recipe{1, 1, true}),
                     Contains("layers must be > 0"));
   CHECK_THROWS_WITH(fsdp::plan_cell(toy, fsdp::Strategy::kDdp, 2, 0, h200), Contains("batch must be"));
   CHECK_THROWS_WITH(fsdp::plan_cell(toy, fsdp::Strategy::kDdp, 2, 4, no_memory), Contains("budget_bytes must be > 0"));
