@@ -119,16 +119,6 @@ int64_t persistent_bytes(const std::vector<torch::Tensor>& params, int64_t state
   return bytes;
 }
 
-// Bytes of Adam's two moments over every parameter it steps.
-int64_t adam_state_bytes(torch::optim::Adam& adam) {
-  int64_t bytes = 0;
-  for (const auto& entry : adam.state()) {
-    const auto& state = static_cast<const torch::optim::AdamParamState&>(*entry.second);
-    bytes += static_cast<int64_t>(state.exp_avg().nbytes() + state.exp_avg_sq().nbytes());
-  }
-  return bytes;
-}
-
 // CPU seconds this process has used so far, user + system, every thread (Gloo's included).
 double cpu_seconds() {
   rusage usage{};
@@ -276,7 +266,7 @@ StepFigures train_rank(dist::Comm& comm, Mode mode, const std::vector<std::vecto
     cpu_s += cpu_end - cpu_start;
     if (meter) out.peak = std::max(out.peak, at_start + meter->peak_bytes());
   }
-  out.persistent = persistent_bytes(m->params, m->zero ? m->zero->state_bytes() : adam_state_bytes(*m->adam));
+  out.persistent = persistent_bytes(m->params, m->zero ? m->zero->state_bytes() : ddp::optimizer_state_bytes(*m->adam));
   count_bytes(comm.stats(), mode, comm.world_size(), out);
   out.median_ms = workshop::median(out.ms);
   out.cpu_ms = cpu_s * 1e3 / std::max(1, steps);

@@ -135,16 +135,7 @@ TEST_CASE(
 
 namespace {
 
-// Bytes of Adam's two moments that `optimizer` holds (LibTorch keeps Adam's step count as an integer, not a tensor).
-int64_t adam_state_bytes(torch::optim::Optimizer& optimizer) {
-  int64_t bytes = 0;
-  for (const auto& entry : optimizer.state()) {
-    const auto& state = static_cast<const torch::optim::AdamParamState&>(*entry.second);
-    bytes += static_cast<int64_t>(state.exp_avg().nbytes() + state.exp_avg_sq().nbytes());
-  }
-  return bytes;
-}
-
+// Bytes of the tensors and of their gradients.
 int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
   int64_t bytes = 0;
   for (const auto& t : tensors)
@@ -181,7 +172,7 @@ TEST_CASE("[step3] bytes kept per rank after an Adam step, beside DDP and ZeRO-1
         torch::optim::Adam adam(all, torch::optim::AdamOptions(0.01));
         step_on(all);
         adam.step();
-        ddp[static_cast<size_t>(r)] = tensor_bytes(all) + adam_state_bytes(adam);
+        ddp[static_cast<size_t>(r)] = tensor_bytes(all) + ddp::optimizer_state_bytes(adam);
       }
       {  // ZeRO-1: lesson 5's ZeroOptimizer over the same replicated parameters
         std::vector<torch::Tensor> all = replicated();
@@ -203,7 +194,7 @@ TEST_CASE("[step3] bytes kept per rank after an Adam step, beside DDP and ZeRO-1
         for (size_t l = 0; l < flats.size(); ++l) h = fsdp::sharded_forward(comm, flats[l], kLayers[l], h);
         torch::mse_loss(h, rows(p.y, r, n)).backward();
         adam.step();
-        sharded[static_cast<size_t>(r)] = tensor_bytes(shards) + adam_state_bytes(adam);
+        sharded[static_cast<size_t>(r)] = tensor_bytes(shards) + ddp::optimizer_state_bytes(adam);
       }
     });
     int64_t shard_elements = 0;

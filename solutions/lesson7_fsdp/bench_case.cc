@@ -21,6 +21,7 @@
 #include "bench/registry.h"
 #include "common/device.h"
 #include "lesson5_distributed/comm.h"
+#include "lesson5_distributed/ddp.h"
 #include "lesson7_fsdp/fsdp.h"
 
 namespace {
@@ -108,10 +109,7 @@ ShardedFigures sharded_training(int layers, int64_t width, int64_t items, int st
         kept += static_cast<int64_t>(p.nbytes());
         if (p.grad().defined()) kept += static_cast<int64_t>(p.grad().nbytes());
       }
-      for (const auto& entry : adam.state()) {
-        const auto& state = static_cast<const torch::optim::AdamParamState&>(*entry.second);
-        kept += static_cast<int64_t>(state.exp_avg().nbytes() + state.exp_avg_sq().nbytes());
-      }
+      kept += ddp::optimizer_state_bytes(adam);
       out.kept = kept;
       out.sent = sent;
       out.timing.samples_ms = ms;
