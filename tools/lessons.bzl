@@ -7,6 +7,9 @@ solutions/lessonN_*/ that no field names fails, and so does a named file that is
 
 Fields (file names are relative to the lesson's folder, `dir`):
   number, dir, title, learn, need   the course table (docs' main page, README)
+  core       the core steps (numbers, 1..K): what an attendee does in one workshop slot of 60-120 minutes; the
+             lesson's other steps are "going further" (their page headings say so). //tools:slot_check holds the
+             core's page words and reference lines to the slot's limits; //:progress says "core done" when they pass
   tests      the learner check targets (tagged "exercise"); the same names in solutions/<dir>/
   learner    the files the learner edits (TODO(lessonN, step K)); solutions/<dir>/ has the answer of each
   headers    the API the learner implements (documented; the docs' API reference)
@@ -31,6 +34,7 @@ LESSONS = [
         number = 1,
         dir = "lesson1_amp",
         title = "Mixed precision",
+        core = [1, 2, 3, 4, 5, 6, 7],
         learn = "autocast, float16 vs bfloat16, a gradient scaler, the AMP training step",
         need = "CPU; a GPU shows the speed-up",
         tests = [
@@ -66,6 +70,7 @@ LESSONS = [
         number = 2,
         dir = "lesson2_accumulation",
         title = "Gradient accumulation",
+        core = [1, 2, 3, 4],
         learn = "large effective batches from small ones; correct loss normalisation; a micro-batch for a memory budget",
         need = "CPU; GPU optional",
         tests = [
@@ -103,6 +108,7 @@ LESSONS = [
         number = 3,
         dir = "lesson3_profiling",
         title = "Profiling",
+        core = [1, 2, 3, 4],
         learn = "honest timing, named phases, an op table, finding the bottleneck",
         need = "CPU; GPU optional",
         tests = ["stopwatch_test", "phases_test", "profiler_test", "bottleneck_test"],
@@ -126,6 +132,7 @@ LESSONS = [
         number = 4,
         dir = "lesson4_memory",
         title = "Memory",
+        core = [1, 2, 3, 4],
         learn = "where the bytes go, activation checkpointing, a memory planner",
         need = "CPU; GPU optional",
         tests = ["breakdown_test", "checkpoint_test", "planner_test"],
@@ -154,6 +161,7 @@ LESSONS = [
         number = 5,
         dir = "lesson5_distributed",
         title = "Data parallel",
+        core = [1, 2, 3],
         learn = "all-reduce on c10d (Gloo/NCCL), buckets, overlap with backward, no_sync, ZeRO-1 sharded state",
         need = "CPU (ranks on loopback); several GPUs for NCCL",
         tests = ["ddp_step1_test", "ddp_step2_test", "ddp_step3_test", "ddp_step4_test", "ddp_step5_test"],
@@ -195,6 +203,7 @@ LESSONS = [
         number = 6,
         dir = "lesson6_fusion",
         title = "Fused kernels",
+        core = [1, 2, 3],
         learn = "napkin math of a memory-bound step, a fused AdamW with at::parallel_for and Vectorized, TORCH_LIBRARY operators, the scaler's fused unscale, grid-stride CUDA kernels",
         need = "CPU for every step (step 6's kernels on a simulated grid); a GPU and nvcc to run them for real",
         tests = [
@@ -234,6 +243,7 @@ LESSONS = [
         number = 7,
         dir = "lesson7_fsdp",
         title = "Fully sharded data parallel",
+        core = [1, 2, 3],
         learn = "ring reduce-scatter and all-gather on send/recv, flat padded shards, gather on demand (ZeRO-3 / FSDP), bfloat16 gathers beside float32 shards, checkpoints that reshard to another world size",
         need = "CPU (ranks on loopback)",
         tests = ["fsdp_step1_test", "fsdp_step2_test", "fsdp_step3_test", "fsdp_step4_test", "fsdp_step5_test", "fsdp_step6_test", "fsdp_step7_test"],
