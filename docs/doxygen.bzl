@@ -42,6 +42,8 @@ def _site_pages_impl(ctx):
     args.add("--plots", ctx.file.plots_common.dirname)
     args.add("--readme", ctx.file.readme)
     args.add("--maintainers", ctx.file.maintainers)
+    for f in ctx.files.pages:
+        args.add("--page", f)
     for f in ctx.files.recorded:
         args.add("--recorded", f)
     for f in ctx.files.bench:
@@ -52,6 +54,7 @@ def _site_pages_impl(ctx):
     ctx.actions.run_shell(
         outputs = [out],
         inputs = ctx.files.srcs + ctx.files.plots + ctx.files.recorded + ctx.files.bench + ctx.files.images +
+                 ctx.files.pages +
                  [ctx.file.generator, ctx.file.lessons, ctx.file.csv, ctx.file.mainpage, ctx.file.plots_common,
                   ctx.file.readme, ctx.file.maintainers],
         command = "python3 \"$@\"",
@@ -72,6 +75,7 @@ site_pages = rule(
         "mainpage": attr.label(allow_single_file = True, mandatory = True),
         "readme": attr.label(allow_single_file = True, mandatory = True, doc = "the repository's README.md"),
         "maintainers": attr.label(allow_single_file = True, mandatory = True, doc = "docs/maintainers.md"),
+        "pages": attr.label_list(allow_files = [".md"], doc = "pages of their own (docs/pages/*.md)"),
         "plots_common": attr.label(allow_single_file = True, mandatory = True, doc = "docs/plots/common.gp"),
         "plots": attr.label_list(allow_files = [".gp"]),
         "recorded": attr.label_list(allow_files = [".csv"], doc = "recorded GPU runs (docs/results/*.csv)"),

@@ -15,6 +15,9 @@ Writes into --out:
   readme.md                   the repository's README.md as the quick-start page (id md_README), titled "Quick
                               start" so that the side navigation does not show the course's title twice
   maintainers.md              docs/maintainers.md, the maintainers' page (id maintainers)
+  <name>.md                   each --page (docs/pages/*.md: the deep-dive pages lessonN_in_depth.md, the
+                              instructors' workshop.md, whose @SLOT_TABLE@ line becomes tools/slot_check.py's table
+                              of every lesson's core and going-further steps, words and reference lines)
   images/*.png                the plots (gnuplot, docs/plots/lessonN.gp)
   images/*.svg                committed pictures of recorded runs (--image, docs/results/*.svg)
 """
@@ -31,6 +34,7 @@ import sys
 # The course's conventions (step headings, [stepK] names, // [tag] markers) are parsed by tools/conventions.py.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 import conventions  # noqa: E402
+import slot_check  # noqa: E402
 
 SNIPPET = re.compile(r"^\s*\\snippet\s+(\S+)\s+(\S+)\s*$")
 CODE_SPAN = re.compile(r"``.+?``|`[^`]*`")  # code spans, found left to right so that backticks pair up
@@ -284,6 +288,8 @@ def main():
     parser.add_argument("--image", action="append", default=[], help="a committed picture, copied into images/")
     parser.add_argument("--readme", required=True)
     parser.add_argument("--maintainers", required=True)
+    parser.add_argument("--page", action="append", default=[],
+                        help="a page of its own (docs/pages/*.md), copied; @SLOT_TABLE@ becomes the slot table")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -303,11 +309,24 @@ def main():
     images = {l["number"]: plots(l, args.plots, csv_dir, os.path.abspath(images_dir)) for l in ready}
 
     # The main page: the course table.
-    table = ["| lesson | you learn | you need |", "|--------|-----------|----------|"]
+    # The core steps and the going-further ones come from the manifest and the page (tools/slot_check.py).
+    rows = {}
+    try:
+        for row in slot_check.check(".", lessons)[0]:
+            rows[row["number"]] = row
+    except conventions.ConventionError as error:
+        die(str(error))
+    page_names = [os.path.splitext(os.path.basename(p))[0] for p in args.page]
+    table = ["| lesson | you learn | core steps (one slot) · going further | you need |",
+             "|--------|-----------|-------------------------------------|----------|"]
     for l in lessons:
         name = "%d. %s%s" % (l["number"], l["title"], " (draft)" if l.get("draft") else "")
         link = "\\ref lesson%d \"%s\"" % (l["number"], name)
-        table.append("| %s | %s | %s |" % (link, l["learn"], l["need"]))
+        row = rows[l["number"]]
+        steps = "%s · %s" % (slot_check.steps_text(row["core"]), slot_check.steps_text(row["further"]))
+        if "lesson%d_in_depth" % l["number"] in page_names:
+            steps += " · \\ref lesson%d_in_depth \"in depth\"" % l["number"]
+        table.append("| %s | %s | %s | %s |" % (link, l["learn"], steps, l["need"]))
     mainpage = read(args.mainpage)
     if "@LESSON_TABLE@" not in mainpage:
         die("%s has no @LESSON_TABLE@ line" % args.mainpage)
@@ -331,6 +350,19 @@ def main():
         die("%s must start with '# ... {#maintainers}'" % args.maintainers)
     write(os.path.join(args.out, "maintainers.md"), "\n".join(protect_quoted_spans(l) if not l.startswith("    ") else l
                                                               for l in maintainers.splitlines()) + "\n")
+
+    # The pages of their own: the deep dives and the instructors' page.
+    for path in args.page:
+        text = read(path)
+        first = text.splitlines()[:1]
+        if not first or not re.match(r"^# .* \{#\w+\}\s*$", first[0]):
+            die("%s must start with '# Title {#anchor}'" % path)
+        if "@SLOT_TABLE@" in text:
+            text = text.replace("@SLOT_TABLE@", slot_check.table_markdown([rows[l["number"]] for l in lessons]))
+        elif os.path.basename(path) == "workshop.md":
+            die("%s has no @SLOT_TABLE@ line" % path)
+        write(os.path.join(args.out, os.path.basename(path)),
+              "\n".join(protect_quoted_spans(l) if not l.startswith("    ") else l for l in text.splitlines()) + "\n")
 
     # The results page. A device column may add a note after the device's name ("AMD EPYC (2 threads), Gloo
     # over loopback"): the page names each device once.

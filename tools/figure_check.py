@@ -15,7 +15,7 @@ after "at least", "at most", "within", "below", "above", "under", "over", "more 
 "goal", "≥", "≤", "<", ">"); versions (PyTorch 2.4); and, outside a marker, every number of a paragraph that calls itself napkin
 arithmetic (the word "napkin" in it). Under a marker a number with a decimal point and no unit is checked too.
 
-  python3 tools/figure_check.py [ROOT]        # the README and every lesson page of the manifest
+  python3 tools/figure_check.py [ROOT]        # the README, every lesson page of the manifest, docs/pages/*.md
 """
 import os
 import re
@@ -42,13 +42,20 @@ NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
 
 
 def pages(root):
-    """(path relative to root, text) of the README and each lesson page, in course order."""
+    """(path relative to root, text) of the README, each lesson page in course order, and the pages of their own
+    (docs/pages/*.md: the deep dives and the instructors' page)."""
     out = [("README.md", open(os.path.join(root, "README.md"), encoding="utf-8").read())]
     for lesson in manifest.load(os.path.join(root, "tools", "lessons.bzl")):
         path = os.path.join(lesson.dir, "README.md")
         full = os.path.join(root, path)
         if os.path.exists(full):
             out.append((path, open(full, encoding="utf-8").read()))
+    own = os.path.join(root, "docs", "pages")
+    if os.path.isdir(own):
+        for name in sorted(os.listdir(own)):
+            if name.endswith(".md"):
+                path = os.path.join("docs", "pages", name)
+                out.append((path, open(os.path.join(root, path), encoding="utf-8").read()))
     return out
 
 

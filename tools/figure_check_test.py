@@ -46,19 +46,28 @@ def append(path, text):
         f.write(text)
 
 
+def edit_where(work, old, new):
+    """Replaces `old` in whichever page holds it (a lesson page or a page of its own, e.g. a deep dive: sections
+    move between them, the defect goes with the figure)."""
+    holders = [path for path, text in pages if old in text]
+    if len(holders) != 1:
+        raise AssertionError("%r is on %d pages (%s); the planted defect needs exactly one" % (old, len(holders),
+                                                                                             holders))
+    edit(os.path.join(work, holders[0]), old, new)
+
+
 lessons = manifest.load(os.path.join(ROOT, "tools", "lessons.bzl"))
-page5 = os.path.join("lesson5_distributed", "README.md")
 page1 = os.path.join(lessons[0].dir, "README.md")
 SECTION = "\n\n## Planted {#planted}\n\n"
 DEFECTS = [
     ("a sourced figure that drifted from its results file (17.38 ms typed as 17.83 ms)",
-     lambda w: edit(os.path.join(w, page5), "step took 17.38 ms", "step took 17.83 ms"),
+     lambda w: edit_where(w, "step took 17.38 ms", "step took 17.83 ms"),
      '"17.83 ms" is not in docs/results/bench/bench_cpu.md'),
     ("a sourced figure without a unit that drifted (a table cell, 232.74 typed as 232.47)",
-     lambda w: edit(os.path.join(w, page5), "232.74", "232.47"),
+     lambda w: edit_where(w, "232.74", "232.47"),
      '"232.47" is not in docs/results/bench/lesson5_demo_cpu.md'),
     ("a sourced figure whose unit changed (6.65x typed as 6.65 ms)",
-     lambda w: edit(os.path.join(w, "lesson6_fusion", "README.md"), "speed met (6.65x,", "speed met (6.65 ms,"),
+     lambda w: edit_where(w, "speed met (6.65x,", "speed met (6.65 ms,"),
      '"6.65 ms" is not in docs/results/bench/lesson6_demo_cpu.md'),
     ("a measured time typed with no results file named",
      lambda w: append(os.path.join(w, page1), SECTION + "On this machine the step took 12.5 ms.\n"),
@@ -72,6 +81,9 @@ DEFECTS = [
     ("a marker that names a results file that does not exist",
      lambda w: append(os.path.join(w, page1), SECTION + "<!-- figures: docs/results/nosuch.md -->\nIt took 3 ms.\n"),
      "the figures' results file docs/results/nosuch.md does not exist"),
+    ("a measured time typed with no results file named, on the instructors' page (docs/pages/)",
+     lambda w: append(os.path.join(w, "docs", "pages", "workshop.md"), SECTION + "The build took 95 s.\n"),
+     '"95 s" is a measured figure with no results file named for it'),
     ("a marker's scope ends at the next heading",
      lambda w: append(os.path.join(w, page1), SECTION + "<!-- figures: docs/results/bench/bench_cpu.md -->\n"
                       "It took 55.62 ms.\n\n## Next {#next}\n\nIt took 55.62 ms.\n"),
