@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Your progress through the workshop: runs each lesson's checks against YOUR code and says what is next.
 
-  bazel run //:progress                 # every lesson
-  bazel run //:progress -- --lesson=2   # one lesson
+  bazel run //:progress                           # every lesson
+  bazel run //:progress -- --lesson=2             # one lesson
+  bazel run //:progress -- --lesson=7 --step=3    # one step: builds and runs only that step's check binary
 
-Per lesson and step: passed / failing (GPU-only checks count as skipped on a machine without CUDA). For the first
-failing step: where its TODO is (file:line), the first failing check and its message, and the hint for that step
-from the lesson page's "Hints" section. A lesson whose code does not compile is reported with the compiler's
+Per lesson and step: passed / failing (GPU-only checks count as skipped on a machine without CUDA), and which
+steps are the core (one workshop slot; the manifest's `core`) and which go further. A lesson is "core done" when
+its core steps pass, "done" when every step does and no TODO is left. For the first failing step: where its TODO
+is (file:line), the first failing check and its message, the hint for that step from the lesson page's "Hints"
+section, and the one command that runs that step's checks alone (the same command the page and the TODO give). A lesson whose code does not compile is reported with the compiler's
 first errors; the other lessons are still checked.
 
 Under `bazel run` it builds each lesson's checks with `bazel build` in your workspace (one lesson at a time, so
@@ -50,9 +53,38 @@ def with_heartbeat(message, function):
         done.set()
 
 
-def build(bazel, root, lesson):
+def step_target(lesson, step):
+    """The check target that holds only step K's checks (`..._stepK_test`), or None (a target shared by steps)."""
+    mine = [t for t in lesson["tests"] if re.search(r"_step%d_test$" % step, t)]
+    return mine[0] if len(mine) == 1 else None
+
+
+def step_command(lesson, step, targets_of_step=()):
+    """The one command that runs step K's checks, building only what holds them."""
+    own = step_target(lesson, step)
+    if own:
+        return "bazel test //%s:%s" % (lesson["dir"], own)
+    targets = sorted(set(targets_of_step)) or lesson["tests"]
+    where = "//%s:%s" % (lesson["dir"], targets[0]) if len(targets) == 1 else "//%s:all" % lesson["dir"]
+    return "bazel test %s --test_arg=--test-case='*step%d*'" % (where, step)
+
+
+def tests_to_run(lesson, step):
+    """The check targets to build and run: all of the lesson's, or with --step only the step's own target."""
+    if step is None:
+        return list(lesson["tests"])
+    own = step_target(lesson, step)
+    return [own] if own else list(lesson["tests"])
+
+
+def core_of(lesson):
+    """The lesson's core steps (manifest `core`; a lesson without it: every step is core)."""
+    return set(lesson.get("core") or [])
+
+
+def build(bazel, root, lesson, tests=None):
     """Builds the lesson's checks; returns (ok, [compiler error lines], bazel's output tail)."""
-    targets = ["//%s:%s" % (lesson["dir"], t) for t in lesson["tests"]]
+    targets = ["//%s:%s" % (lesson["dir"], t) for t in (tests or lesson["tests"])]
     print("  building %s ..." % " ".join(targets), flush=True)
     result = with_heartbeat("building lesson %d" % lesson["number"], lambda: subprocess.run(
         [bazel, "build", "--keep_going", "--color=no", "--curses=no"] + targets, cwd=root,
@@ -176,11 +208,12 @@ def hints(lesson, root, step):
     return conventions.hints(read(os.path.join(root, lesson["dir"], "README.md"))).get(step, [])
 
 
-def report(lesson, root, binaries):
+def report(lesson, root, binaries, only_step=None):
     n = lesson["number"]
     steps = steps_of(lesson, root)
-    cases, problems = [], []
-    for test in lesson["tests"]:
+    core = core_of(lesson) or set(steps)
+    cases, problems, targets_of = [], [], {}
+    for test in tests_to_run(lesson, only_step):
         path = os.path.join(binaries, lesson["dir"], test)
         if not os.path.exists(path):
             problems.append("%s was not built" % test)
@@ -190,10 +223,15 @@ def report(lesson, root, binaries):
             problems.append(problem)
         else:
             cases += result
+            for case in result:
+                targets_of.setdefault(conventions.test_step(case[0]) or 0, set()).add(test)
+    if only_step is not None:
+        return report_step(lesson, root, steps, cases, problems, only_step, targets_of)
     by_step = {k: [] for k in steps}
     for case in cases:
         by_step.setdefault(conventions.test_step(case[0]) or 0, []).append(case)
     first_failing = None
+    core_failing = False
     for k in sorted(by_step):
         mine = by_step[k]
         passed = sum(1 for c in mine if c[1] == "passed")
@@ -203,13 +241,17 @@ def report(lesson, root, binaries):
             status = "failing"
             if first_failing is None:
                 first_failing = k
+            core_failing = core_failing or k in core or k == 0
         elif passed:
             status = "passed"
         else:
             status = "no checks ran"
+        if not passed + failed + skipped:
+            core_failing = core_failing or k in core
         title = steps.get(k, "checks without a step tag" if k == 0 else "")
-        print("  step %-2d %-8s %2d/%-2d checks pass%s   %s" % (
-            k, status, passed, passed + failed, ", %d skipped (GPU)" % skipped if skipped else "", title))
+        kind = "" if k == 0 else ("core " if k in core else "further ")
+        print("  step %-2d %-8s %-8s%2d/%-2d checks pass%s   %s" % (
+            k, kind, status, passed, passed + failed, ", %d skipped (GPU)" % skipped if skipped else "", title))
     for problem in problems:
         print("  problem: " + problem)
     if first_failing is None:
@@ -242,6 +284,10 @@ def report(lesson, root, binaries):
             return "lesson %d: done on this machine (%d GPU check(s) not run here)" % (n, len(skipped))
         return "lesson %d: done" % n
     k = first_failing
+    core_done = not core_failing and not problems and core != set(steps)
+    if core_done:
+        print("  core done: steps %s pass (the workshop slot's part). Going further:" % ", ".join(
+            str(c) for c in sorted(core)))
     print("  next: step %d — %s" % (k, steps.get(k, "")))
     markers = todos(lesson, root, k)
     if markers:
@@ -259,14 +305,48 @@ def report(lesson, root, binaries):
         print("      %s" % message[:300])
     for hint in hints(lesson, root, k):
         print("    hint: %s" % hint)
-    print("    checks of this step: bazel test //%s:all --test_arg=--test-case='*step%d*'" % (lesson["dir"], k))
+    print("    checks of this step: %s" % step_command(lesson, k, targets_of.get(k, ())))
+    if core_done:
+        return "lesson %d: core done; step %d of %d (going further) next" % (n, k, len(steps))
     return "lesson %d: step %d of %d next" % (n, k, len(steps))
+
+
+def report_step(lesson, root, steps, cases, problems, k, targets_of):
+    """--step=K: that step's checks only."""
+    n = lesson["number"]
+    if k not in steps:
+        return "lesson %d has no step %d (steps %s)" % (n, k, ", ".join(str(s) for s in sorted(steps)))
+    mine = [c for c in cases if conventions.test_step(c[0]) == k]
+    passed = sum(1 for c in mine if c[1] == "passed")
+    failing = [c for c in mine if c[1] == "failed"]
+    skipped = sum(1 for c in mine if c[1] == "skipped")
+    kind = "core" if k in (core_of(lesson) or set(steps)) else "going further"
+    print("  step %d (%s) — %s: %d/%d checks pass%s" % (k, kind, steps[k], passed, passed + len(failing),
+                                                      ", %d skipped (GPU)" % skipped if skipped else ""))
+    for problem in problems:
+        print("  problem: " + problem)
+    if failing:
+        markers = todos(lesson, root, k)
+        if markers:
+            print("    TODO at %s" % markers[0][0])
+            print("      %s" % markers[0][1])
+        name, _, where, message = failing[0]
+        print("    first failing check: %s (%s)" % (name, where))
+        if message:
+            print("      %s" % message[:300])
+        for hint in hints(lesson, root, k):
+            print("    hint: %s" % hint)
+    print("    checks of this step: %s" % step_command(lesson, k, targets_of.get(k, ())))
+    if failing or problems or not passed:
+        return "lesson %d: step %d failing" % (n, k)
+    return "lesson %d: step %d passes" % (n, k)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lessons", required=True, help=argparse.SUPPRESS)
     parser.add_argument("--lesson", type=int, help="only this lesson")
+    parser.add_argument("--step", type=int, help="only this step of --lesson (builds only its check binary)")
     parser.add_argument("--root", help="the workspace (default: where `bazel run` was started from)")
     parser.add_argument("--bazel", default=os.environ.get("BAZEL", "bazel"), help="the bazel to build with")
     parser.add_argument("--binaries", help="prebuilt test binaries under DIR/<lesson dir>/<test> (no build)")
@@ -277,6 +357,8 @@ def main():
         lessons = [l for l in lessons if l["number"] == args.lesson]
         if not lessons:
             sys.exit("progress: no lesson %d (tools/lessons.bzl)" % args.lesson)
+    if args.step is not None and args.lesson is None:
+        sys.exit("progress: --step needs --lesson (e.g. --lesson=7 --step=3)")
     root = os.path.abspath(args.root or os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd())
     binaries = os.path.abspath(args.binaries) if args.binaries else None
 
@@ -290,7 +372,7 @@ def main():
     for lesson in lessons:
         print("Lesson %d — %s (%s/)" % (lesson["number"], lesson["title"], lesson["dir"]), flush=True)
         if binaries is None:
-            ok, errors, tail = build(args.bazel, root, lesson)
+            ok, errors, tail = build(args.bazel, root, lesson, tests_to_run(lesson, args.step))
             if not ok:
                 print("  does not compile yet:")
                 for line in (errors[:5] or tail):
@@ -303,7 +385,7 @@ def main():
             binaries_here = bazel_bin(args.bazel, root)
         else:
             binaries_here = binaries
-        verdicts.append(report(lesson, root, binaries_here))
+        verdicts.append(report(lesson, root, binaries_here, args.step))
         print(flush=True)
     print("Summary: " + "; ".join(verdicts))
 

@@ -10,6 +10,10 @@
 3. A subcase's exception is reported by its real message.
 4. With stand-in test binaries where every check passes and one GPU check is skipped, on the pristine skeleton of
    the last lesson (its TODOs all there): not "done", the TODOs left and the skipped check are named.
+5. Stand-in binaries of a lesson with going-further steps whose core steps pass and the first going-further step
+   fails: "core done", the going-further step next, its one command (its own check binary).
+6. --step=K builds and runs only that step's check binary (a lesson with one binary per step) and prints the same
+   one command; for every lesson and step, the command printed is the one the page's own binary naming gives.
 """
 import json
 import os
@@ -124,5 +128,69 @@ check(re.search(r"lesson %d: checks pass, \d+ TODO\(s\) left, 1 check\(s\) not r
 check(re.search(r"^    %s/\w+\.(cc|cu):\d+  TODO\(lesson%d, step \d+\)" % (last["dir"], last["number"]), output, re.M)
       is not None, "the TODOs left are not listed with file:line")
 check("[step%d] CUDA: a GPU case (t.cc:99)" % steps[-1] in output, "the skipped check is not named")
+
+# 5. Core done: the core steps pass, the first going-further step fails.
+further = [l for l in lessons if l.get("core") and len(l["core"]) < len(
+    progress_module.conventions.read_steps(os.path.join(root, l["dir"], "README.md")))]
+check(bool(further), "no lesson has going-further steps (the manifest's core)")
+if further:
+    lesson = further[-1]
+    steps = sorted(s.number for s in progress_module.conventions.read_steps(
+        os.path.join(root, lesson["dir"], "README.md")))
+    first_further = min(k for k in steps if k not in lesson["core"])
+    fake_bin = os.path.join(os.environ.get("TEST_TMPDIR", tempfile.mkdtemp()), "fake_core")
+    os.makedirs(os.path.join(fake_bin, lesson["dir"]), exist_ok=True)
+    for test in lesson["tests"]:
+        m = re.search(r"_step(\d+)_test$", test)
+        mine = [int(m.group(1))] if m else steps
+        body = "".join(
+            '<TestCase name="[step%d] a check" filename="t.cc" line="%d"><OverallResultsAsserts successes="1" '
+            'failures="%d" test_case_success="%s"/></TestCase>' % (
+                k, k, 0 if k in lesson["core"] else 1, "true" if k in lesson["core"] else "false") for k in mine)
+        path = os.path.join(fake_bin, lesson["dir"], test)
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\ncat <<'EOF'\n<?xml version=\"1.0\"?>\n<doctest>%s</doctest>\nEOF\n" % body)
+        os.chmod(path, 0o755)
+    output = run(["--binaries", fake_bin, "--lesson=%d" % lesson["number"]])
+    check("  core done: steps %s pass" % ", ".join(str(c) for c in lesson["core"]) in output,
+          "lesson %d: core steps pass but 'core done' is not said" % lesson["number"])
+    check("lesson %d: core done; step %d of %d (going further) next" % (lesson["number"], first_further, len(steps))
+          in output, "lesson %d: the summary does not say core done and the going-further step next"
+          % lesson["number"])
+    check(re.search(r"^  step %d +further +failing" % first_further, output, re.M) is not None,
+          "the going-further step is not marked as such")
+    own = progress_module.step_target(lesson, first_further)
+    if own:
+        check("checks of this step: bazel test //%s:%s\n" % (lesson["dir"], own) in output,
+              "the going-further step's command is not its own binary")
+
+# 6. --step=K: only that step's binary runs (a stand-in for every other binary would fail if run).
+per_step = [l for l in lessons if progress_module.step_target(l, 1)]
+check(bool(per_step), "no lesson has one check binary per step")
+if per_step:
+    lesson = per_step[-1]
+    fake_bin = os.path.join(os.environ.get("TEST_TMPDIR", tempfile.mkdtemp()), "fake_step")
+    os.makedirs(os.path.join(fake_bin, lesson["dir"]), exist_ok=True)
+    for test in lesson["tests"]:
+        path = os.path.join(fake_bin, lesson["dir"], test)
+        with open(path, "w") as f:
+            if test == progress_module.step_target(lesson, 2):
+                f.write("#!/bin/sh\ncat <<'EOF'\n<?xml version=\"1.0\"?>\n<doctest><TestCase name=\"[step2] a check\" "
+                        "filename=\"t.cc\" line=\"2\"><OverallResultsAsserts successes=\"1\" failures=\"0\" "
+                        "test_case_success=\"true\"/></TestCase></doctest>\nEOF\n")
+            else:
+                f.write("#!/bin/sh\necho 'ran %s, which --step=2 must not run' >&2; exit 3\n" % test)
+        os.chmod(path, 0o755)
+    output = run(["--binaries", fake_bin, "--lesson=%d" % lesson["number"], "--step=2"])
+    check("lesson %d: step 2 passes" % lesson["number"] in output, "--step=2 does not report step 2 passing")
+    check("which --step=2 must not run" not in output and "crashed" not in output,
+          "--step=2 ran another step's binary")
+    check("checks of this step: bazel test //%s:%s" % (lesson["dir"], progress_module.step_target(lesson, 2))
+          in output, "--step=2 does not print the step's one command")
+for lesson in lessons:
+    for k in lesson.get("core") or []:
+        command = progress_module.step_command(lesson, k)
+        check(command.startswith("bazel test //%s:" % lesson["dir"]), "lesson %d step %d: %s" % (
+            lesson["number"], k, command))
 
 checks.finish()

@@ -8,7 +8,9 @@
                                                      # a recorded GPU run for the docs' results page
 
 Each demo's output streams through, indented, with the elapsed time; the table at the end has one row per
-measurement: lesson, what was measured, baseline, improved, ratio (baseline / improved), device.
+measurement: lesson, what was measured, baseline, improved, ratio (baseline / improved), device. Then the course in
+workshop slots: each lesson's core steps (one slot) and its going-further steps (the manifest's `core`, the steps
+of the lesson's page).
 """
 import argparse
 import csv
@@ -20,6 +22,9 @@ import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import conventions  # noqa: E402  (the step headings of a lesson page)
 
 
 def user_path(path):
@@ -76,6 +81,25 @@ def print_table(rows):
         print(line(c))
 
 
+def steps_text(numbers):
+    if not numbers:
+        return "none"
+    return "%d-%d" % (numbers[0], numbers[-1]) if len(numbers) > 2 else ", ".join(str(n) for n in numbers)
+
+
+def print_slots(lessons, root):
+    """Each lesson's core steps and going-further steps (the page's steps; the manifest's core)."""
+    print("\nThe course in workshop slots (a core is one slot of 60-120 minutes; bazel run //:progress says "
+          "\"core done\"):\n")
+    print("%-34s %-11s %s" % ("lesson", "core steps", "going further"))
+    for l in lessons:
+        page = os.path.join(root, l["dir"], "README.md")
+        steps = [s.number for s in conventions.read_steps(page)] if os.path.exists(page) else []
+        core = [k for k in steps if k in (l.get("core") or steps)]
+        further = [k for k in steps if k not in core]
+        print("%-34s %-11s %s" % ("%d %s" % (l["number"], l["title"]), steps_text(core), steps_text(further)))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lessons", required=True, help=argparse.SUPPRESS)
@@ -109,6 +133,7 @@ def main():
             rows = list(csv.DictReader(f))
     print("Summary (ratio = baseline / improved; %.0f s in all; CSV files in %s)\n" % (time.time() - start, csv_dir))
     print_table(rows)
+    print_slots(lessons, os.path.dirname(os.path.dirname(os.path.abspath(args.lessons))))
     if failed:
         print("\nlesson demo(s) %s failed; see their output above" % ", ".join(map(str, failed)))
 
