@@ -53,8 +53,8 @@ namespace lesson{n} {{
 
 // [scaled_sum]
 at::Tensor scaled_sum(const at::Tensor& x, double factor) {{
-  // TODO(lesson{n}, step 1): reject an undefined x ("x is undefined") and an integer one ("x must be a
-  // floating-point tensor") with TORCH_CHECK; then return the sum of x's elements, in float64, times factor.
+  // TODO(lesson{n}, step 1): refuse an undefined or integer x with the header's messages, then return the sum
+  // of x's elements, in float64, times factor (about 4 lines).
   TORCH_CHECK(false, "TODO(lesson{n}, step 1): scaled_sum() is not implemented yet");
 }}
 // [scaled_sum]
@@ -221,7 +221,9 @@ build and pass; replace them step by step (docs/maintainers.md, "Adding a lesson
 
 ## Goal
 
-What the learner will be able to do after this lesson, and the behaviour the checks prove.
+You will learn (at most five bullets; the core steps fit one workshop slot, later steps are headed
+"(going further)"; the manifest's `core` lists the core steps):
+- what the learner will be able to do after this lesson, and the behaviour the checks prove.
 
 ## What you need
 
@@ -280,6 +282,7 @@ ENTRY = '''\
         title = "{title}",
         learn = "(draft) what the lesson teaches",
         need = "CPU",
+        core = [1],
         draft = True,
         tests = ["{name}_test"],
         learner = ["{name}.cc"],
@@ -296,6 +299,12 @@ ENTRY = '''\
         check_deps = [],
     ),
 '''
+
+
+# Targets every lesson package and solution package defines besides the library, which the scaffold names NAME
+# (tools/lesson_package.bzl and tools/workshop.bzl): a NAME among them collides ("cc_binary rule 'demo' conflicts
+# with existing cc_library rule"); "demo" would also make NAME.cc the demo's own source file.
+RESERVED_NAMES = {"bench_case", "check_headers", "demo", "headers", "my_demo", "sources"}
 
 
 def files(n, name, title):
@@ -343,6 +352,10 @@ def main():
     if not re.fullmatch(r"[a-z][a-z0-9_]*", args.name):
         raise SystemExit("new_lesson: NAME must be lower case letters, digits and _, starting with a letter "
                          "(it names the folder, the files and the library), not %r" % args.name)
+    if args.name in RESERVED_NAMES:
+        raise SystemExit("new_lesson: NAME %r would name the lesson's library like a target every lesson has "
+                         "(%s: tools/lesson_package.bzl, tools/workshop.bzl), and its BUILD would not load; "
+                         "pick another name" % (args.name, ", ".join(sorted(RESERVED_NAMES))))
     if not args.title.strip() or '"' in args.title or "\\" in args.title or "\n" in args.title:
         raise SystemExit("new_lesson: the title must be one line without quotes or backslashes, got %r"
                          % args.title)

@@ -17,6 +17,7 @@ HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import course_check  # noqa: E402
+import slot_check  # noqa: E402
 import manifest  # noqa: E402
 from expectations import Expectations  # noqa: E402
 
@@ -46,7 +47,13 @@ try:
     before = snapshot(work)
     for args, wanted in (([str(n + 1), "topic", "Title"], "the next lesson is number %d" % n),
                          ([str(n), "Topic-X", "Title"], "NAME must be lower case"),
-                         ([str(n), "topic", 'A "quoted" title'], "without quotes")):
+                         ([str(n), "topic", 'A "quoted" title'], "without quotes"),
+                         ([str(n), "demo", "A demo lesson"], "its BUILD would not load"),
+                         ([str(n), "my_demo", "A demo lesson"], "its BUILD would not load"),
+                         ([str(n), "headers", "Headers"], "its BUILD would not load"),
+                         ([str(n), "sources", "Sources"], "its BUILD would not load"),
+                         ([str(n), "bench_case", "Bench"], "its BUILD would not load"),
+                         ([str(n), "check_headers", "Checks"], "its BUILD would not load")):
         result = scaffold(*args)
         expect(result.returncode != 0 and wanted in result.stderr and snapshot(work) == before,
                "new_lesson %s is refused with '%s', nothing written (got %d: %s)" % (
@@ -68,6 +75,10 @@ try:
            "the manifest reads from Python with lesson %d last, a draft" % n)
     _, problems = course_check.check(work)
     expect(not problems, "the scaffolded copy passes the course check (%s)" % problems)
+    _, found = slot_check.measure(work, scaffolded[-1])
+    expect(not found and scaffolded[-1].core == [1],
+           "the scaffolded lesson has its core (%s) and fits a slot: Goal, TODO size (%s)" % (
+               getattr(scaffolded[-1], "core", None), found))
     text = open(os.path.join(work, d, "topic.cc"), encoding="utf-8").read()
     expect("TODO(lesson%d, step 1)" % n in text, "the skeleton holds TODO(lesson%d, step 1)" % n)
 
