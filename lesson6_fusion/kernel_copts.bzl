@@ -21,8 +21,9 @@ decides that pays. Measured with gcc 12 on the reference solution (objdump of th
   -ffp-contract=off:                 the reference compiles its loop a second time for AVX2 with FMA (a function
                                      with __attribute__((target("avx2,fma"))), picked at run time); without the
                                      flag gcc may fuse a * b + c into one fused multiply-add there, one rounding
-                                     instead of two, and the two copies would no longer give the same bits (nor
-                                     torch::optim::AdamW's, whose kernels multiply and add separately).
+                                     instead of two, and the two copies would no longer give the same bits.
+                                     (torch::optim::AdamW's add_ with alpha is ATen's vec::fmadd, an FMA in its
+                                     AVX2 and AVX-512 builds: no copy matches it bit for bit, only to 1e-6.)
   -mmove-max=256 -mstore-max=256:    (x86-64) let gcc copy 32 bytes with one AVX instruction where the function's
                                      target has AVX. Vectorized<float>::loadu is a 32-byte memcpy into the
                                      vector's array; at gcc's generic tuning that copy is two 16-byte moves, and
