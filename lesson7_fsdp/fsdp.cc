@@ -113,7 +113,7 @@ void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::
 // [agree_on_layer]
 
 // [sharded_forward]
-at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x) {
+at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, LayerFn fn, const at::Tensor& x) {
   // TODO(lesson7, step 3): write a custom autograd function (struct L : torch::autograd::Function<L>, static
   // forward and backward; call it with L::apply(x, flat.shard, &comm, &flat, &fn)). Its forward saves x, agrees
   // (agree_on_layer, forward: that also refuses a shard that does not require grad, on every rank), gathers the
@@ -222,7 +222,7 @@ at::Tensor gather_full_as(dist::Comm& comm, const FlatParam& flat, at::ScalarTyp
   TORCH_CHECK(false, "TODO(lesson7, step 5): gather_full_as() is not implemented yet");
 }
 
-at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x,
+at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, LayerFn fn, const at::Tensor& x,
                                  const MixedPrecision& mp) {
   // TODO(lesson7, step 5): step 3's autograd function with three casts (pass mp by value to apply; keep its
   // dtypes in ctx->saved_data as integers). Its forward agrees first, with mp's dtypes (agree_on_layer(..., false,

@@ -116,10 +116,12 @@ void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::
 /// the buffer again. Per call and per backward: two all-gathers and one reduce-scatter of padded_numel floats,
 /// and the two agreements (all-gathers of 64 bytes per rank), nothing else. Where fn does not use the
 /// parameters on this rank, their gradient here is zeros (autograd::grad with allow_unused), and this rank joins
-/// the reduce-scatter like the others instead of throwing alone. `comm`, `flat` and `fn` must outlive the
-/// backward. Throws, on every rank, agree_on_layer's errors ("requires grad" when flat.shard is not a leaf that
-/// requires grad on some rank).
-at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x);
+/// the reduce-scatter like the others instead of throwing alone. `fn` is taken by value and kept (a copy the
+/// autograd node owns, e.g. in ctx->saved_data as an IValue::make_capsule of a torch::CustomClassHolder that
+/// holds it) until the graph is freed, so a temporary is fine; `comm` and `flat` must outlive the backward.
+/// Throws, on every rank, agree_on_layer's errors ("requires grad" when flat.shard is not a leaf that requires
+/// grad on some rank).
+at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, LayerFn fn, const at::Tensor& x);
 // [api_layer]
 
 struct MixedPrecision;  // step 5 (below)
@@ -150,13 +152,15 @@ PendingGather start_gather(dist::Comm& comm, const FlatParam& flat, int tag);
 /// rank all-gathers a record of 8 int64 (what it is about to do), so that a fault on one rank is an error on
 /// EVERY rank, by name, not a gather or a reduce-scatter left waiting until the timeout. forward() checks
 /// locally and puts what it finds into its record (every rank then throws "on rank r: ..."): "one LayerFn per
-/// FlatParam" (lists of different lengths), "must be a leaf that requires grad", "is layer K again" (one shard
-/// listed twice: a layer runs once per forward) and "was gathered twice before its backward" (a forward while
-/// the previous forward's graph still waits for its backward). Records that differ: "the models differ across
-/// ranks" (layer counts, sizes or shapes) and "layer L got no gradient on rank r" (the rank's loss does not
-/// depend on layer L: its backward never reaches L, and it is elsewhere, in its finish() or its next forward,
-/// when its peers start L's backward). A layer function that does not use its parameters (or its input) on some
-/// rank is no fault: that rank's gradient is zeros, and it joins the reduce-scatter like the others.
+/// FlatParam" (lists of different lengths), "layer L's FlatParam was made for rank" (another rank's or another
+/// world size's: its gather would fail on this rank alone), "must be a leaf that requires grad", "is layer K
+/// again" (one shard listed twice, next to itself or not: a layer runs once per forward) and "was gathered
+/// twice before its backward" (a forward while the previous forward's graph still waits for its backward).
+/// Records that differ: "the models differ across ranks" (layer counts, sizes or shapes) and "layer L got no
+/// gradient on rank r" (the rank's loss does not depend on layer L: its backward never reaches L, and it is
+/// elsewhere, in its finish() or its next forward, when its peers start L's backward). A layer function that does
+/// not use its parameters (or its input) on some rank is no fault: that rank's gradient is zeros, and it joins
+/// the reduce-scatter like the others.
 ///
 /// One step: forward(), the backward, finish() (as lesson 5's Reducer), then the optimizer's step.
 class ShardedStack {
@@ -225,8 +229,9 @@ PendingGather start_gather_as(dist::Comm& comm, const FlatParam& flat, int tag, 
 /// on this rank), cast the flat gradient to mp.reduce_dtype, divide it by N and reduce-scatter it in
 /// reduce_dtype; the shard's gradient is that, cast to float32 (the optimizer sees float32 only); x's gradient
 /// comes back in x's dtype. flat.shard stays float32, never rounded. The same rules as sharded_forward
-/// ("requires grad"); ranks whose mp differ fail with "the ranks disagree on the layer".
-at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x,
+/// ("requires grad"); ranks whose mp differ fail with "the ranks disagree on the layer". `fn` is kept as
+/// sharded_forward keeps it (a temporary is fine).
+at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, LayerFn fn, const at::Tensor& x,
                                  const MixedPrecision& mp);
 
 /// Step 5: the gradient scaler across shards, as PyTorch's ShardedGradScaler. Each rank multiplies the gradient
@@ -234,7 +239,9 @@ at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerF
 /// agree with one all-reduce MAX of that one float32 flag (4 bytes), so that the result is the same on EVERY
 /// rank: true when any rank's shard saw an inf or NaN. The caller then skips the step and backs the scale off on
 /// every rank, or steps on every rank. Shards without a gradient are skipped (the rank still joins the
-/// all-reduce). Throws "scale must be finite and > 0" on the rank that sees it, before any traffic.
+/// all-reduce). A scale that is not finite and > 0 on any rank: EVERY rank throws "on rank r: scale must be
+/// finite and > 0" after the all-reduce (that rank unscales nothing and puts 2 + r in its flag: the MAX carries
+/// it to every rank, and no rank is left waiting for the one that would have thrown alone).
 bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& flats, double scale);
 // [api_mixed]
 
@@ -259,20 +266,27 @@ void save_sharded(dist::Comm& comm, const std::string& dir, const ShardedCheckpo
 
 /// Step 6: resharding load into comm's world size N', which may differ from the N that saved. Each rank reads
 /// rank 0's header, checks the model's fingerprint against `shapes` (per layer, its parameters' shapes), then
-/// for each layer builds its new shard: elements [r * S', (r + 1) * S') of the new padded buffer, S' =
-/// padded_numel(numel, N') / N', copied from the unpadded part of every old rank's shard that overlaps it (the
-/// old padding is dropped, the new one is zeros); the state shards the same way. No traffic: every rank checks
-/// the same files, so a bad checkpoint fails on EVERY rank, by name, at once. Throws "missing rank file" when a
-/// file of the N old ranks is absent, "was saved for another model" when the shapes differ, "is not a sharded
-/// checkpoint" for a file of another format, "is not rank" for a file whose header disagrees with its name and
-/// "elements, but" for a shard of another length than the old N makes.
+/// checks EVERY old rank's file against rank 0's before it uses any (the same world size, layers, step, state
+/// count, shapes and elements per layer, and shards of the old length), and for each layer builds its new shard:
+/// elements [r * S', (r + 1) * S') of the new padded buffer, S' = padded_numel(numel, N') / N', copied from the
+/// unpadded part of every old rank's shard that overlaps it (the old padding is dropped, the new one is zeros);
+/// the state shards the same way. No traffic: every rank checks the same files in the same order, so a bad
+/// checkpoint fails on EVERY rank, by name, at once. Throws "missing rank file" when a file of the N old ranks is
+/// absent, "was saved for another model" when the shapes differ, "is not a sharded checkpoint" for a file of
+/// another format, "is not rank" for a file whose header disagrees with its name, "does not belong to the
+/// checkpoint" for a file whose header or shapes disagree with rank 0's (a leftover of another run: another step,
+/// world size, model), and "elements, but" for a shard of another length than the old N makes.
 /// The shards it returns are leaves that require grad, as flatten_and_shard makes them.
 ShardedCheckpoint load_sharded(dist::Comm& comm, const std::string& dir,
                                const std::vector<std::vector<std::vector<int64_t>>>& shapes);
 
 /// Step 6: the full state on rank 0 (FSDP's FULL_STATE_DICT with rank0_only): every layer gathered
 /// (gather_full, so every rank takes part), unflattened and copied; rank 0 returns every parameter in order,
-/// the other ranks an empty list. Throws "was made for rank" like gather_full.
+/// the other ranks an empty list. First the ranks agree (one all-gather of a record of 8 int64 per rank: the
+/// layers, their elements, a fingerprint of their shapes and world size, what this rank found wrong), so that a
+/// fault on any rank fails EVERY rank before any gather: "on rank r: FlatParam l was made for rank" (another
+/// rank's or world size's); ranks whose layers differ in count, size or shape: "the ranks disagree on the
+/// layers they gather" (gathers of different sizes would make Gloo abort the process).
 std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam>& flats);
 
 /// Step 6: the optimizer's state in full on rank 0, as FSDP's optim_state_dict gives it with FULL_STATE_DICT and
@@ -281,10 +295,10 @@ std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam
 /// gathered as gather_full gathers the shard (all_gather_into, every rank takes part: per layer K gathers of S
 /// floats), its padding dropped and unflattened in the parameters' shapes. Rank 0 returns, per parameter in
 /// full_state's order, its K tensors in the parameter's shape (copies: what Adam keeps for an unsharded
-/// parameter); the other ranks an empty list. First the ranks agree (one all-gather of a record of 6 int64 per
-/// rank), so that a bad argument on any rank fails EVERY rank, as "on rank r: ...": "was made for rank", "one
-/// state list per FlatParam", "state tensors, but", "elements, but"; ranks with different layer or state counts:
-/// "the ranks disagree on the state they gather".
+/// parameter); the other ranks an empty list. First the ranks agree (full_state's record of 8 int64, with the
+/// state tensors per layer), so that a bad argument on any rank fails EVERY rank, as "on rank r: ...": "was made
+/// for rank", "one state list per FlatParam", "state tensors, but", "elements, but"; ranks whose layers differ
+/// (count, sizes, shapes) or whose state counts differ: "the ranks disagree on the state they gather".
 std::vector<std::vector<at::Tensor>> full_optim_state(dist::Comm& comm, const std::vector<FlatParam>& flats,
                                                       const std::vector<std::vector<at::Tensor>>& optim_state);
 // [api_checkpoint]

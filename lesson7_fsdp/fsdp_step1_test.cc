@@ -199,4 +199,12 @@ TEST_CASE("[step1] bad input is refused by name on every rank, before any traffi
       "must be contiguous");
   check_fails_on_every_rank(
       2, [](dist::Comm& comm) { fsdp::all_gather(comm, at::zeros({3}), 10); }, "elements, but");
+  // Sizes that are wrong the other way: a full tensor too small, a shard too long.
+  check_fails_on_every_rank(
+      2, [](dist::Comm& comm) { fsdp::reduce_scatter_into(comm, at::zeros({6}), at::zeros({4})); },
+      "full has 6 elements, but 2 ranks x 4 need 8");
+  check_fails_on_every_rank(
+      3, [](dist::Comm& comm) { fsdp::all_gather_into(comm, at::zeros({4}), at::zeros({16})); }, "elements, but");
+  check_fails_on_every_rank(
+      2, [](dist::Comm& comm) { fsdp::all_gather(comm, at::zeros({6}), 10); }, "elements, but");
 }

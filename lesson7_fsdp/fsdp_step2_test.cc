@@ -109,6 +109,22 @@ TEST_CASE("[step2] unflatten gives the parameters back as views that alias the g
   CHECK_THROWS_WITH(fsdp::unflatten(flat, at::zeros({24})), Contains("elements, but"));
 }
 
+TEST_CASE("[step2] unflatten refuses a buffer of any other size than padded_numel, larger as well as smaller") {
+  const std::vector<at::Tensor> params = layer_params();  // 24 elements
+  for (const int n : {1, 5, 7}) {
+    const fsdp::FlatParam flat = fsdp::flatten_and_shard(params, 0, n);
+    const int64_t padded = flat.padded_numel;  // 24, 25, 28
+    for (const int64_t size : {int64_t{0}, padded - 1, padded + 1, padded + n, 2 * padded}) {
+      CAPTURE(n);
+      CAPTURE(size);
+      CHECK_THROWS_WITH(fsdp::unflatten(flat, at::zeros({size})), Contains("elements, but"));
+    }
+    if (padded > flat.numel)
+      CHECK_THROWS_WITH(fsdp::unflatten(flat, at::zeros({flat.numel})), Contains("elements, but"));
+    CHECK(fsdp::unflatten(flat, at::zeros({padded})).size() == 3);
+  }
+}
+
 TEST_CASE("[step2] gather_full on N ranks rebuilds every parameter, shapes and values, on every rank") {
   const std::vector<at::Tensor> params = layer_params();
   for (const int n : {2, 3}) {

@@ -3,7 +3,9 @@
 #include "lesson7_fsdp/fsdp_test_problem.h"
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <c10/core/StorageImpl.h>
@@ -51,7 +53,7 @@ TEST_CASE("[step3] K sharded steps on N ranks equal K full-batch steps of one pr
       for (int r = 0; r < n; ++r) {
         CAPTURE(n);
         CAPTURE(r);
-        CAPTURE(opt == Opt::kSgd ? "SGD" : "Adam");
+        CAPTURE(name_of(opt));
         const double rel = rel_error(got[static_cast<size_t>(r)], reference);
         CAPTURE(rel);
         CHECK(rel <= 1e-6);  // float32 sums in another order: a few units of 2^-23 (the page says why)
@@ -240,6 +242,33 @@ TEST_CASE("[step3] a layer's full parameters are freed as soon as the forward, a
   });
 }
 
+TEST_CASE("[step3] the layer function is kept until the backward: a temporary passed to sharded_forward is safe") {
+  const Problem p = make_problem();
+  const int n = 2;
+  dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    fsdp::FlatParam flat = fsdp::flatten_and_shard(p.layers[1], r, n);
+    fsdp::FlatParam same = fsdp::flatten_and_shard(p.layers[1], r, n);
+    const torch::Tensor x = torch::randn({4, 15});
+    // A token that only the layer function holds: it lives as long as sharded_forward keeps the function.
+    auto token = std::make_shared<int>(1);
+    const std::weak_ptr<int> watch = token;
+    torch::Tensor y = fsdp::sharded_forward(
+        comm, flat,
+        [token = std::move(token)](const torch::Tensor& h, const std::vector<torch::Tensor>& params) {
+          return hidden(h, params) * static_cast<double>(*token);
+        },
+        x);  // the lambda's std::function is a temporary: gone after this line, unless sharded_forward copied it
+    CHECK_FALSE(watch.expired());  // kept for the backward
+    if (watch.expired()) return;   // (the backward would call a destroyed function)
+    y.sum().backward();
+    fsdp::sharded_forward(comm, same, hidden, x).sum().backward();  // the same layer, the same input
+    CHECK(torch::equal(flat.shard.grad(), same.shard.grad()));
+    y = torch::Tensor();
+    CHECK(watch.expired());  // ... and freed with the graph: nothing outlives it
+  });
+}
+
 TEST_CASE("[step3] a shard that does not require grad is refused by name") {
   const Problem p = make_problem();
   const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(1), [&](dist::Comm& comm) {
@@ -247,9 +276,7 @@ TEST_CASE("[step3] a shard that does not require grad is refused by name") {
     flat.shard = flat.shard.detach();
     fsdp::sharded_forward(comm, flat, kLayers[0], p.x);
   });
-  REQUIRE(outcomes.size() == 1);
-  CHECK_FALSE(outcomes[0].ok);
-  CHECK(outcomes[0].error.find("requires grad") != std::string::npos);
+  check_every_rank_failed_with(outcomes, "requires grad");
 }
 
 namespace {
@@ -303,6 +330,14 @@ TEST_CASE("[step3] bad arguments or another model on one rank only: refused on e
         fsdp::sharded_forward(comm, flat, kLayers[0], rows(p.x, comm.rank(), 2));
       },
       "on rank 1: the FlatParam was made for rank 1 of 3");
+  // Rank 1 holds rank 0's FlatParam: the same world size and shapes, only its rank tells.
+  check_fails_on_every_rank(
+      2,
+      [&](dist::Comm& comm) {
+        fsdp::FlatParam flat = fsdp::flatten_and_shard(p.layers[0], 0, 2);
+        fsdp::sharded_forward(comm, flat, kLayers[0], rows(p.x, comm.rank(), 2));
+      },
+      "on rank 1: the FlatParam was made for rank 0 of 2, but this is rank 1 of 2");
   // Rank 1's middle weight is transposed: the same sizes, another shape.
   check_fails_on_every_rank(
       2,
@@ -377,5 +412,57 @@ TEST_CASE("[step3] lesson 4's meter: a forward holds one layer's full parameters
     // temporaries of tanh and linear); all 8 layers' full parameters would be 133120 bytes.
     CHECK(peak[static_cast<size_t>(r)] >= kWideLayerBytes);
     CHECK(peak[static_cast<size_t>(r)] <= kWideLayerBytes + 8192);
+  }
+}
+
+TEST_CASE("[step3] two backwards before one step accumulate the full batch's gradient (micro-batches)") {
+  const Problem p = make_problem();
+  for (const int n : {2, 3}) {
+    std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(n));
+    dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+      const int r = comm.rank();
+      std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
+      for (int m = 0; m < 2; ++m) {  // each micro-batch is half the rank's rows: its loss counts half
+        torch::Tensor h = micro_rows(p.x, r, n, m, 2);
+        for (size_t l = 0; l < flats.size(); ++l) h = fsdp::sharded_forward(comm, flats[l], kLayers[l], h);
+        (torch::mse_loss(h, micro_rows(p.y, r, n, m, 2)) / 2).backward();
+      }
+      for (const auto& flat : flats) got[static_cast<size_t>(r)].push_back(flat.shard.grad());
+    });
+    check_full_batch_grads(got, full_batch_flat_grads(p, n), 1e-6);
+  }
+}
+
+TEST_CASE("[step3] parameters straight from torch::nn modules (they require grad): shard, train, gather back") {
+  const Problem p = make_problem();
+  const std::vector<torch::Tensor> reference = full_batch(p, Opt::kSgd, 3);
+  const int n = 2;
+  std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(n));
+  dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    torch::manual_seed(11);  // make_problem's modules again: the same initial values
+    std::vector<fsdp::FlatParam> flats;
+    for (const auto& [in, out] : std::vector<std::pair<int64_t, int64_t>>{{8, 15}, {15, 13}, {13, 4}}) {
+      torch::nn::Linear layer(in, out);
+      REQUIRE(layer->weight.requires_grad());
+      flats.push_back(fsdp::flatten_and_shard(layer->parameters(), r, n));  // weight, bias
+      CHECK(flats.back().shard.is_leaf());
+      CHECK(flats.back().shard.requires_grad());
+      torch::NoGradGuard no_grad;
+      for (auto& t : layer->parameters()) t.fill_(-1);  // the module's tensors change: the shard, a copy, does not
+    }
+    torch::optim::SGD sgd(master_shards(flats), torch::optim::SGDOptions(0.1));
+    for (int s = 0; s < 3; ++s) {
+      sgd.zero_grad();
+      torch::Tensor h = rows(p.x, r, n);
+      for (size_t l = 0; l < flats.size(); ++l) h = fsdp::sharded_forward(comm, flats[l], kLayers[l], h);
+      torch::mse_loss(h, rows(p.y, r, n)).backward();
+      sgd.step();
+    }
+    got[static_cast<size_t>(r)] = gathered_params(comm, flats);
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(rel_error(got[static_cast<size_t>(r)], reference) <= 1e-6);
   }
 }

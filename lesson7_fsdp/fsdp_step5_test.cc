@@ -109,10 +109,21 @@ TEST_CASE("[step5] per layer: 16-bit gathers, and a reduce-scatter in the reduce
       const int r = comm.rank();
       fsdp::FlatParam flat = fsdp::flatten_and_shard(p.layers[1], r, n);
       const torch::Tensor x = torch::randn({4, 15}).requires_grad_(true);
-      const fsdp::LayerFn& fn = kLayers[1];  // must outlive the backward (a temporary from `hidden` would not)
+      // The layer function as a temporary that alone holds a token: sharded_forward_mixed must keep a copy for
+      // the backward, as sharded_forward does.
+      auto token = std::make_shared<int>(1);
+      const std::weak_ptr<int> watch = token;
       comm.reset_stats();
-      const torch::Tensor y = fsdp::sharded_forward_mixed(comm, flat, fn, x, {torch::kBFloat16, reduce});
+      const torch::Tensor y =
+          fsdp::sharded_forward_mixed(comm, flat,
+                                      [token = std::move(token)](const torch::Tensor& h,
+                                                                 const std::vector<torch::Tensor>& params) {
+                                        return hidden(h, params) * static_cast<double>(*token);
+                                      },
+                                      x, {torch::kBFloat16, reduce});
       forward[static_cast<size_t>(r)] = send_sizes(comm.log());
+      CHECK_FALSE(watch.expired());
+      if (watch.expired()) return;                   // the backward would call a destroyed function
       CHECK((y.scalar_type() == torch::kBFloat16));  // the layer computed in the param dtype
       comm.reset_stats();
       y.to(torch::kFloat).sum().backward();
@@ -282,6 +293,25 @@ TEST_CASE("[step5] ranks whose dtypes or layers differ: the same error on every 
   // Two valid precisions, but not the same: the gathers would differ in bytes.
   check_fails_on_every_rank(n, forward_with([](int r) { return r == 1 ? kFloat32 : kBf16; }),
                             "the ranks disagree on the layer they are about to gather");
+  // Step 3's rules, in mixed precision: rank 1's FlatParam made for rank 0, or for 3 ranks, or its shard
+  // without grad; rank 0 must not wait for it.
+  const auto rank1_flat = [&](std::function<void(fsdp::FlatParam&)> change) {
+    return [&p, change](dist::Comm& comm) {
+      fsdp::FlatParam flat = fsdp::flatten_and_shard(p.layers[0], comm.rank(), n);
+      if (comm.rank() == 1) change(flat);
+      fsdp::sharded_forward_mixed(comm, flat, kLayers[0], rows(p.x, comm.rank(), n), kBf16);
+    };
+  };
+  check_fails_on_every_rank(n, rank1_flat([&](fsdp::FlatParam& flat) {
+                              flat = fsdp::flatten_and_shard(p.layers[0], 0, n);
+                            }),
+                            "on rank 1: the FlatParam was made for rank 0 of 2, but this is rank 1 of 2");
+  check_fails_on_every_rank(n, rank1_flat([&](fsdp::FlatParam& flat) {
+                              flat = fsdp::flatten_and_shard(p.layers[0], 1, 3);
+                            }),
+                            "on rank 1: the FlatParam was made for rank 1 of 3");
+  check_fails_on_every_rank(n, rank1_flat([](fsdp::FlatParam& flat) { flat.shard = flat.shard.detach(); }),
+                            "on rank 1: the layer's shard must be a leaf that requires grad");
   // Rank 1's loss reads layer 1's output: its backward skips layer 2.
   check_fails_on_every_rank(
       n,
@@ -524,4 +554,205 @@ TEST_CASE("[step5] the stack: a bad or mismatched MixedPrecision fails every ran
   // bytes.
   check_fails_on_every_rank(n, stack_with([](int r) { return r == 1 ? nullptr : &kBf16; }),
                             "the models differ across ranks in their layers' count, sizes, shapes or mixed precision");
+}
+
+namespace {
+
+// One call of the scaler on `n` ranks, scale 4: every shard's gradient is 4 x (its position + 1) on every rank,
+// then `edit(rank, flats)` changes some (an inf, a shard without a gradient ...). Per rank: what the scaler
+// answered, its all-reduces, and its gradients after the call (undefined where a shard has none).
+struct ScalerRun {
+  std::vector<int> found;
+  std::vector<int64_t> all_reduces;
+  std::vector<std::vector<torch::Tensor>> grads;
+};
+
+ScalerRun scale_once(const Problem& p, int n, const std::function<void(int, std::vector<fsdp::FlatParam>&)>& edit) {
+  ScalerRun run{std::vector<int>(static_cast<size_t>(n)), std::vector<int64_t>(static_cast<size_t>(n)),
+                std::vector<std::vector<torch::Tensor>>(static_cast<size_t>(n))};
+  const std::vector<dist::RankOutcome> outcomes = dist::run_ranks_collect(launch(n, 5000), [&](dist::Comm& comm) {
+    const auto r = static_cast<size_t>(comm.rank());
+    std::vector<fsdp::FlatParam> flats = shard_layers(p, comm.rank(), n);
+    for (auto& flat : flats) {
+      flat.shard.mutable_grad() = 4.0 * (torch::arange(flat.shard.numel(), torch::kFloat) + 1);
+    }
+    edit(comm.rank(), flats);
+    comm.reset_stats();
+    run.found[r] = fsdp::sharded_unscale_and_check(comm, flats, 4.0) ? 1 : 0;
+    run.all_reduces[r] = comm.stats().all_reduce_calls;
+    for (const auto& flat : flats) run.grads[r].push_back(flat.shard.grad());
+  });
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    INFO(outcomes[r].error);
+    REQUIRE(outcomes[r].ok);  // no rank left waiting in the all-reduce
+  }
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("[step5] inf, -inf or NaN in any layer's shard on one rank: every rank skips; large finite values do not") {
+  const Problem p = make_problem();
+  const int n = 3;
+  const float kinds[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                         std::numeric_limits<float>::quiet_NaN()};
+  for (const float bad : kinds) {
+    for (int layer = 0; layer < 3; ++layer) {
+      const int where = layer % n;  // the rank that sees it: another one per layer
+      CAPTURE(bad);
+      CAPTURE(layer);
+      // The shard's last element (first for layer 1): the scaler must look at every element.
+      const ScalerRun run = scale_once(p, n, [&](int r, std::vector<fsdp::FlatParam>& flats) {
+        if (r != where) return;
+        const torch::Tensor g = flats[static_cast<size_t>(layer)].shard.grad();
+        g[layer == 1 ? 0 : g.numel() - 1] = bad;
+      });
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        CHECK(run.found[static_cast<size_t>(r)] == 1);
+        CHECK(run.all_reduces[static_cast<size_t>(r)] == 1);
+      }
+    }
+  }
+  // Finite values near float32's largest (their sum would overflow): no rank skips, and they are unscaled.
+  const ScalerRun large = scale_once(p, n, [](int, std::vector<fsdp::FlatParam>& flats) {
+    for (auto& flat : flats) flat.shard.grad().fill_(std::ldexp(1.0, 127));
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(large.found[static_cast<size_t>(r)] == 0);
+    for (const auto& g : large.grads[static_cast<size_t>(r)])
+      CHECK(torch::equal(g, torch::full_like(g, std::ldexp(1.0, 125))));
+  }
+}
+
+TEST_CASE("[step5] a bad scale on one rank only: every rank fails by name, none waits for it") {
+  const Problem p = make_problem();
+  for (const double bad :
+       {0.0, -1.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    CAPTURE(bad);
+    check_fails_on_every_rank(
+        2,
+        [&](dist::Comm& comm) {
+          std::vector<fsdp::FlatParam> flats = shard_layers(p, comm.rank(), 2);
+          for (auto& flat : flats) flat.shard.mutable_grad() = torch::ones_like(flat.shard).detach();
+          fsdp::sharded_unscale_and_check(comm, flats, comm.rank() == 1 ? bad : 1024.0);
+        },
+        "on rank 1: scale must be finite and > 0");
+  }
+}
+
+TEST_CASE("[step5] shards without a gradient: skipped by the scaler, the rank still joins the agreement") {
+  const Problem p = make_problem();
+  const int n = 2;
+  // Rank 1's layer 1 got no gradient (its loss skipped that layer, say), and rank 1's layer 2 none either.
+  const auto none_on_rank1 = [](int r, std::vector<fsdp::FlatParam>& flats) {
+    if (r == 1) {
+      flats[1].shard.mutable_grad() = torch::Tensor();
+      flats[2].shard.mutable_grad() = torch::Tensor();
+    }
+  };
+  const ScalerRun clean = scale_once(p, n, none_on_rank1);
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    const auto i = static_cast<size_t>(r);
+    CHECK(clean.found[i] == 0);
+    CHECK(clean.all_reduces[i] == 1);
+    for (size_t l = 0; l < 3; ++l) {
+      CAPTURE(l);
+      const torch::Tensor& g = clean.grads[i][l];
+      if (r == 1 && l > 0) {
+        CHECK_FALSE(g.defined());  // still none: not made up as zeros
+      } else {
+        REQUIRE(g.defined());
+        CHECK(torch::equal(g, torch::arange(g.numel(), torch::kFloat) + 1));  // unscaled once
+      }
+    }
+  }
+  // An inf on rank 0 while rank 1 has a shard without a gradient: both skip.
+  const ScalerRun inf = scale_once(p, n, [&](int r, std::vector<fsdp::FlatParam>& flats) {
+    none_on_rank1(r, flats);
+    if (r == 0) flats[2].shard.grad()[0] = std::numeric_limits<float>::infinity();
+  });
+  CHECK(inf.found == std::vector<int>{1, 1});
+  // No gradient anywhere on any rank (a step before any backward): no skip, one all-reduce each.
+  const ScalerRun empty = scale_once(p, n, [](int, std::vector<fsdp::FlatParam>& flats) {
+    for (auto& flat : flats) flat.shard.mutable_grad() = torch::Tensor();
+  });
+  CHECK(empty.found == std::vector<int>{0, 0});
+  CHECK(empty.all_reduces == std::vector<int64_t>{1, 1});
+}
+
+TEST_CASE("[step5] a float32 reduce dtype reaches the optimizer unrounded; a bfloat16 one is bfloat16's values") {
+  const Problem p = make_problem();
+  const int n = 2;
+  for (const Path path : {Path::kLayers, Path::kStack, Path::kStackNoPrefetch}) {
+    for (const fsdp::MixedPrecision& mp : {kBf16, fsdp::MixedPrecision{torch::kBFloat16, torch::kBFloat16}}) {
+      std::vector<torch::Tensor> grads(static_cast<size_t>(n));
+      dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+        const int r = comm.rank();
+        std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
+        torch::Tensor h = rows(p.x, r, n);
+        if (path == Path::kLayers) {
+          for (size_t l = 0; l < flats.size(); ++l) h = fsdp::sharded_forward_mixed(comm, flats[l], kLayers[l], h, mp);
+          torch::mse_loss(h.to(torch::kFloat), rows(p.y, r, n)).backward();
+        } else {
+          fsdp::ShardedStack stack(comm, flats, kLayers, path == Path::kStack, mp);
+          torch::mse_loss(stack.forward(h).to(torch::kFloat), rows(p.y, r, n)).backward();
+          stack.finish();
+        }
+        std::vector<torch::Tensor> all;
+        for (const auto& flat : flats) all.push_back(flat.shard.grad());
+        grads[static_cast<size_t>(r)] = torch::cat(all);
+      });
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(static_cast<int>(path));
+        CAPTURE(mp.reduce_dtype);
+        CAPTURE(r);
+        const torch::Tensor& g = grads[static_cast<size_t>(r)];
+        REQUIRE((g.scalar_type() == torch::kFloat));
+        const bool representable = torch::equal(g, g.to(torch::kBFloat16).to(torch::kFloat));
+        // Reduced in float32, the average of two ranks' bfloat16 gradients needs more than bfloat16's 8
+        // significant bits almost everywhere; reduced in bfloat16, every value is a bfloat16 value.
+        CHECK(representable == (mp.reduce_dtype == torch::kBFloat16));
+      }
+    }
+  }
+}
+
+TEST_CASE("[step5] two backwards before one step accumulate the full batch's gradient, in every precision and path") {
+  const Problem p = make_problem();
+  const int n = 2;
+  const std::vector<torch::Tensor> expected = full_batch_flat_grads(p, n);
+  for (const Path path : {Path::kLayers, Path::kStack, Path::kStackNoPrefetch}) {
+    for (const fsdp::MixedPrecision& mp : {kFloat32, kBf16, fsdp::MixedPrecision{torch::kBFloat16, torch::kBFloat16}}) {
+      CAPTURE(static_cast<int>(path));
+      CAPTURE(mp.param_dtype);
+      CAPTURE(mp.reduce_dtype);
+      std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(n));
+      dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+        const int r = comm.rank();
+        std::vector<fsdp::FlatParam> flats = shard_layers(p, r, n);
+        std::unique_ptr<fsdp::ShardedStack> stack;
+        if (path != Path::kLayers) {
+          stack = std::make_unique<fsdp::ShardedStack>(comm, flats, kLayers, path == Path::kStack, mp);
+        }
+        for (int m = 0; m < 2; ++m) {  // each micro-batch is half the rank's rows: its loss counts half
+          torch::Tensor h = micro_rows(p.x, r, n, m, 2);
+          if (stack) {
+            h = stack->forward(h);
+          } else {
+            for (size_t l = 0; l < flats.size(); ++l)
+              h = fsdp::sharded_forward_mixed(comm, flats[l], kLayers[l], h, mp);
+          }
+          (torch::mse_loss(h.to(torch::kFloat), micro_rows(p.y, r, n, m, 2)) / 2).backward();
+          if (stack) stack->finish();
+        }
+        for (const auto& flat : flats) got[static_cast<size_t>(r)].push_back(flat.shard.grad());
+      });
+      // float32: step 3's tolerance; bfloat16 layers: their rounding (8 significant bits) through three layers.
+      check_full_batch_grads(got, expected, mp.param_dtype == torch::kFloat ? 1e-6 : std::ldexp(1.0, -5));
+    }
+  }
 }

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -306,4 +307,164 @@ TEST_CASE("[step6] a missing rank file is refused by name on every rank, not a h
   check_fails_on_every_rank(
       2, [&](dist::Comm& comm) { fsdp::load_sharded(comm, fresh_dir("empty"), shapes_of(p.layers)); },
       "missing rank file");
+}
+
+TEST_CASE("[step6] full_state and full_optim_state: a fault or another model on rank 1 only fails every rank") {
+  const Problem p = make_problem();
+  // Rank 1's layers: `layers_on_rank1` sharded for (rank, world size) = `made_for`; rank 0's are the problem's.
+  // Each rank passes two state tensors of its own shards' length to full_optim_state.
+  const auto run = [&p](std::vector<std::vector<torch::Tensor>> layers_on_rank1, std::pair<int, int> made_for,
+                        bool optim) {
+    return [&p, layers_on_rank1, made_for, optim](dist::Comm& comm) {
+      const bool one = comm.rank() == 1;
+      std::vector<fsdp::FlatParam> flats;
+      std::vector<std::vector<torch::Tensor>> state;
+      for (const auto& layer : one ? layers_on_rank1 : p.layers) {
+        flats.push_back(fsdp::flatten_and_shard(layer, one ? made_for.first : 0, one ? made_for.second : 2));
+        state.push_back({torch::zeros({flats.back().shard.numel()}), torch::ones({flats.back().shard.numel()})});
+      }
+      if (optim) {
+        fsdp::full_optim_state(comm, flats, state);
+      } else {
+        fsdp::full_state(comm, flats);
+      }
+    };
+  };
+  std::vector<std::vector<torch::Tensor>> fewer(p.layers.begin(), p.layers.end() - 1), transposed = p.layers,
+                                                                                       wider = p.layers;
+  transposed[1][0] = transposed[1][0].t().contiguous();     // the same sizes, another shape
+  wider[1] = {torch::zeros({14, 15}), torch::zeros({14})};  // 224 elements instead of 208
+  for (const bool optim : {false, true}) {
+    CAPTURE(optim);
+    const std::string op = optim ? "full_optim_state: " : "full_state: ";
+    const std::string disagree = op + (optim ? "the ranks disagree on the state" : "the ranks disagree on the layers");
+    // Rank 0's FlatParams on rank 1, or FlatParams made for 3 ranks: rank 1 alone would throw in its first gather.
+    check_fails_on_every_rank(2, run(p.layers, {0, 2}, optim), op + "on rank 1: FlatParam 0 was made for rank 0 of 2");
+    check_fails_on_every_rank(2, run(p.layers, {1, 3}, optim), op + "on rank 1: FlatParam 0 was made for rank 1 of 3");
+    // A layer fewer (rank 0 would wait in its third gather), a layer of another size (gathers of different
+    // sizes: Gloo aborts the process), a weight of another shape (the gathers match, the result is wrong).
+    check_fails_on_every_rank(2, run(fewer, {1, 2}, optim), disagree);
+    check_fails_on_every_rank(2, run(wider, {1, 2}, optim), disagree);
+    check_fails_on_every_rank(2, run(transposed, {1, 2}, optim), disagree);
+  }
+}
+
+namespace {
+
+// Saves `layers` sharded on `n` ranks into `dir` at optimizer step `step`, with two state tensors per layer.
+void save_model(const std::vector<std::vector<torch::Tensor>>& layers, int n, int64_t step, const std::string& dir) {
+  dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+    fsdp::ShardedCheckpoint ckpt;
+    for (const auto& layer : layers) {
+      ckpt.flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), n));
+      const int64_t size = ckpt.flats.back().shard.numel();
+      ckpt.optim_state.push_back({torch::full({size}, 0.5), torch::full({size}, 0.25)});
+    }
+    ckpt.step = step;
+    fsdp::save_sharded(comm, dir, ckpt);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("[step6] a leftover rank file of another run is refused on every rank, whatever files a rank reads") {
+  const Problem p = make_problem();
+  const std::vector<std::vector<torch::Tensor>> fewer(p.layers.begin(), p.layers.end() - 1);
+  std::vector<std::vector<torch::Tensor>> transposed = p.layers;
+  transposed[1][0] = transposed[1][0].t().contiguous();  // the same sizes, another shape
+  struct Leftover {
+    std::string name;
+    std::function<void(const std::string& dir, const std::string& other)> make;  // writes other/rank_1.pt
+    std::string expected;
+  };
+  const std::vector<Leftover> leftovers{
+      {"another step", [&](const auto&, const auto& other) { save_model(p.layers, 2, 3, other); },
+       "rank_1.pt does not belong to the checkpoint of"},
+      {"another world size", [&](const auto&, const auto& other) { save_model(p.layers, 3, 7, other); },
+       "rank_1.pt does not belong to the checkpoint of"},
+      {"another model", [&](const auto&, const auto& other) { save_model(fewer, 2, 7, other); },
+       "rank_1.pt does not belong to the checkpoint of"},
+      {"another model of as many layers and elements",
+       [&](const auto&, const auto& other) { save_model(transposed, 2, 7, other); },
+       "rank_1.pt does not belong to the checkpoint of"},
+      {"rank 0's file renamed",
+       [](const auto& dir, const auto& other) {
+         std::filesystem::create_directories(other);
+         std::filesystem::copy_file(dir + "/rank_0.pt", other + "/rank_1.pt");
+       },
+       "rank_1.pt is not rank 1"},
+      {"a shard of another length",
+       [&](const auto&, const auto& other) {
+         dist::run_ranks(launch(2), [&](dist::Comm& comm) {
+           fsdp::ShardedCheckpoint ckpt;
+           ckpt.flats = shard_layers(p, comm.rank(), 2);
+           ckpt.flats[1].shard = torch::zeros({ckpt.flats[1].shard.numel() + 1});
+           ckpt.optim_state.resize(3);
+           for (size_t l = 0; l < 3; ++l) {
+             const int64_t size = ckpt.flats[l].padded_numel / 2;
+             ckpt.optim_state[l] = {torch::full({size}, 0.5), torch::full({size}, 0.25)};
+           }
+           ckpt.step = 7;
+           fsdp::save_sharded(comm, other, ckpt);
+         });
+       },
+       "layer 1 of rank file 1 has 105 elements, but 2 ranks need 104"},
+  };
+  for (const Leftover& leftover : leftovers) {
+    CAPTURE(leftover.name);
+    const std::string dir = fresh_dir("leftover"), other = fresh_dir("leftover_other");
+    save_model(p.layers, 2, 7, dir);
+    leftover.make(dir, other);
+    std::filesystem::copy_file(other + "/rank_1.pt", dir + "/rank_1.pt",
+                               std::filesystem::copy_options::overwrite_existing);
+    // On 2 ranks each reads only its own old file's range; on 1 and 3, others: every rank must see the fault.
+    for (const int n : {1, 2, 3}) {
+      CAPTURE(n);
+      check_fails_on_every_rank(
+          n, [&](dist::Comm& comm) { fsdp::load_sharded(comm, dir, shapes_of(p.layers)); }, leftover.expected);
+    }
+  }
+}
+
+TEST_CASE("[step6] reshards at the extremes: N = 1 on either side, new ranks whose shard is all padding, 7 on 3 -> 5") {
+  // A layer of 7 elements ([2, 3] and [1]) and one of a single element: on 5 ranks the first pads 7 to 10 (rank
+  // 3 holds one element and a zero, rank 4 only padding), the second leaves ranks 1 to 4 with padding only.
+  torch::manual_seed(3);
+  const std::vector<std::vector<torch::Tensor>> layers{{torch::randn({2, 3}), torch::randn({1})}, {torch::randn({1})}};
+  for (const auto& [a, b] : std::vector<std::pair<int, int>>{{3, 5}, {5, 3}, {1, 3}, {3, 1}, {1, 5}, {5, 1}, {2, 7}}) {
+    CAPTURE(a);
+    CAPTURE(b);
+    const std::string dir = fresh_dir("extremes");
+    dist::run_ranks(launch(a), [&](dist::Comm& comm) {
+      fsdp::ShardedCheckpoint ckpt;
+      for (size_t l = 0; l < layers.size(); ++l) {
+        ckpt.flats.push_back(fsdp::flatten_and_shard(layers[l], comm.rank(), a));
+        const int64_t size = ckpt.flats.back().padded_numel / a;
+        // State that tells every element apart (non-zero in the old padding too: a load must drop it).
+        const at::Tensor pos = torch::arange(comm.rank() * size, (comm.rank() + 1) * size, torch::kFloat) + 1;
+        ckpt.optim_state.push_back({pos + 100 * static_cast<double>(l)});
+      }
+      ckpt.step = 5;
+      fsdp::save_sharded(comm, dir, ckpt);
+    });
+    dist::run_ranks(launch(b), [&](dist::Comm& comm) {
+      const int r = comm.rank();
+      const fsdp::ShardedCheckpoint ckpt = fsdp::load_sharded(comm, dir, shapes_of(layers));
+      CHECK(ckpt.step == 5);
+      REQUIRE(ckpt.flats.size() == layers.size());
+      for (size_t l = 0; l < layers.size(); ++l) {
+        CAPTURE(r);
+        CAPTURE(l);
+        const fsdp::FlatParam expected = fsdp::flatten_and_shard(layers[l], r, b);
+        const fsdp::FlatParam& flat = ckpt.flats[l];
+        CHECK(flat.padded_numel == expected.padded_numel);
+        CHECK(torch::equal(flat.shard.detach(), expected.shard.detach()));  // new padding: zeros
+        const int64_t size = flat.padded_numel / b;
+        const at::Tensor padding = torch::arange(r * size, (r + 1) * size) >= flat.numel;
+        const at::Tensor pos = torch::arange(r * size, (r + 1) * size, torch::kFloat) + 1;
+        REQUIRE(ckpt.optim_state[l].size() == 1);
+        CHECK(torch::equal(ckpt.optim_state[l][0], (pos + 100 * static_cast<double>(l)).masked_fill(padding, 0)));
+      }
+    });
+  }
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -57,6 +58,9 @@ inline torch::Tensor ignores_params(const torch::Tensor& x, const std::vector<to
 
 enum class Opt { kSgd, kAdam };
 
+// The optimizer's name, for a check's message (CAPTURE(name_of(opt)) prints the text, not a pointer).
+inline std::string name_of(Opt opt) { return opt == Opt::kSgd ? "SGD" : "Adam"; }
+
 inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params, Opt opt) {
   if (opt == Opt::kSgd) return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
   return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
@@ -86,6 +90,31 @@ inline std::vector<torch::Tensor> full_batch(const Problem& p, Opt opt, int step
   return out;
 }
 
+// The oracle's gradient at the initial parameters: one process, the full batch. Per layer, its parameters'
+// gradients laid end to end and padded with zeros to padded_numel(numel, n): a FlatParam's layout on n ranks.
+inline std::vector<torch::Tensor> full_batch_flat_grads(const Problem& p, int n) {
+  std::vector<std::vector<torch::Tensor>> layers;
+  for (const auto& layer : p.layers) {
+    layers.emplace_back();
+    for (const auto& t : layer) layers.back().push_back(t.clone().requires_grad_(true));
+  }
+  torch::Tensor h = p.x;
+  for (size_t l = 0; l < layers.size(); ++l) h = kLayers[l](h, layers[l]);
+  torch::mse_loss(h, p.y).backward();
+  std::vector<torch::Tensor> out;
+  for (const auto& layer : layers) {
+    std::vector<torch::Tensor> pieces;
+    int64_t numel = 0;
+    for (const auto& t : layer) {
+      pieces.push_back(t.grad().reshape({-1}));
+      numel += t.numel();
+    }
+    pieces.push_back(torch::zeros({fsdp::padded_numel(numel, n) - numel}));
+    out.push_back(torch::cat(pieces));
+  }
+  return out;
+}
+
 // Rank r's flat, padded shard of every layer of `p` (step 2), and the master shards they hold: the tensors the
 // rank's optimizer steps on.
 inline std::vector<fsdp::FlatParam> shard_layers(const Problem& p, int r, int n) {
@@ -101,6 +130,33 @@ inline std::vector<torch::Tensor> master_shards(const std::vector<fsdp::FlatPara
 
 // One rank's slice of the batch: rows [r * B / n, (r + 1) * B / n).
 inline torch::Tensor rows(const torch::Tensor& t, int r, int n) { return t.narrow(0, r * kItems / n, kItems / n); }
+// Micro-batch m of `micro` of rank r's rows (rank r's rows split in equal parts).
+inline torch::Tensor micro_rows(const torch::Tensor& t, int r, int n, int m, int micro) {
+  const int64_t size = kItems / n / micro;
+  return rows(t, r, n).narrow(0, m * size, size);
+}
+
+// Whether every rank's accumulated shard gradients equal their slices of the full batch's (full_batch_flat_grads):
+// per rank and layer, max |got - expected| / max |expected of the layer| <= tolerance.
+inline void check_full_batch_grads(const std::vector<std::vector<torch::Tensor>>& got,
+                                   const std::vector<torch::Tensor>& expected, double tolerance) {
+  const int n = static_cast<int>(got.size());
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(got[static_cast<size_t>(r)].size() == expected.size());
+    for (size_t l = 0; l < expected.size(); ++l) {
+      CAPTURE(n);
+      CAPTURE(r);
+      CAPTURE(l);
+      const int64_t size = expected[l].numel() / n;
+      const torch::Tensor& g = got[static_cast<size_t>(r)][l];
+      REQUIRE(g.defined());
+      const double err = (g - expected[l].narrow(0, r * size, size)).abs().max().item<double>() /
+                         expected[l].abs().max().item<double>();
+      CAPTURE(err);
+      CHECK(err <= tolerance);
+    }
+  }
+}
 
 // Every parameter of `flats` gathered back (in the oracle's order).
 inline std::vector<torch::Tensor> gathered_params(dist::Comm& comm, const std::vector<fsdp::FlatParam>& flats) {

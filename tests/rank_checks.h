@@ -32,6 +32,7 @@ inline void check_every_rank_failed_with(const std::vector<dist::RankOutcome>& o
   REQUIRE_FALSE(outcomes.empty());
   for (size_t r = 0; r < outcomes.size(); ++r) {
     CAPTURE(r);
+    CAPTURE(expected);  // what the error must name, printed beside the error itself when the check fails
     INFO(outcomes[r].error);
     CHECK_FALSE(outcomes[r].ok);
     CHECK(outcomes[r].error.find(expected) != std::string::npos);

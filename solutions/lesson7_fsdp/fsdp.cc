@@ -11,6 +11,7 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>  // Tensor with its methods and operators (+, *, ...)
 #include <ATen/core/grad_mode.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
@@ -265,15 +266,29 @@ void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::
 // [sharded_forward]
 namespace {
 
+// The layer function, owned by the autograd node (ctx->saved_data keeps IValues only: a capsule holds any C++
+// object): a temporary the caller passed is gone by the backward, this copy is not.
+struct HeldFn : torch::CustomClassHolder {
+  explicit HeldFn(LayerFn f) : fn(std::move(f)) {}
+  LayerFn fn;
+};
+
+c10::IValue hold(LayerFn fn) { return c10::IValue::make_capsule(c10::make_intrusive<HeldFn>(std::move(fn))); }
+
+const LayerFn& held(torch::autograd::AutogradContext* ctx) {
+  return static_cast<const HeldFn*>(ctx->saved_data["fn"].toCapsule().get())->fn;
+}
+
 // One layer on sharded parameters, as an autograd function: what autograd calls in the backward is ours, so the
 // gather before the layer's backward and the reduce-scatter right after it happen exactly there.
 struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& shard,
                             dist::Comm* comm, FlatParam* flat, const LayerFn* fn) {
-    // Autograd keeps plain data only: the three objects the backward needs go in as addresses.
+    // Autograd keeps plain data only: the communicator and the FlatParam go in as addresses (the caller keeps
+    // them alive), the layer function as a copy the node owns.
     ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm);
     ctx->saved_data["flat"] = reinterpret_cast<int64_t>(flat);
-    ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
+    ctx->saved_data["fn"] = hold(*fn);
     ctx->save_for_backward({x});
     agree_on_layer(*comm, *flat, false);  // every rank is about to gather this layer, or every rank learns why not
     const at::Tensor full = gather_full(*comm, *flat);
@@ -285,7 +300,7 @@ struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
                                                  torch::autograd::variable_list grad_outputs) {
     auto* comm = reinterpret_cast<dist::Comm*>(ctx->saved_data["comm"].toInt());
     auto* flat = reinterpret_cast<FlatParam*>(ctx->saved_data["flat"].toInt());
-    const auto* fn = reinterpret_cast<const LayerFn*>(ctx->saved_data["fn"].toInt());
+    const LayerFn& fn = held(ctx);
     const at::Tensor x = ctx->get_saved_variables()[0];
     const bool needs_x = ctx->needs_input_grad(0);
     // A rank whose loss skips this layer is in another layer's agreement (or its next forward's): named, not a wait.
@@ -296,7 +311,7 @@ struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
     torch::autograd::variable_list grads;
     {
       at::AutoGradMode enable(true);
-      const at::Tensor y = (*fn)(x_in, unflatten(*flat, full));
+      const at::Tensor y = fn(x_in, unflatten(*flat, full));
       torch::autograd::variable_list inputs{full};
       if (needs_x) inputs.push_back(x_in);
       // allow_unused: where fn ignores its parameters on this rank, their gradient is zeros, not a throw on this
@@ -314,7 +329,7 @@ struct ShardedLayer : public torch::autograd::Function<ShardedLayer> {
 
 }  // namespace
 
-at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x) {
+at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, LayerFn fn, const at::Tensor& x) {
   // A shard that does not require grad is refused in the forward's agreement, on every rank.
   return ShardedLayer::apply(x, flat.shard, &comm, &flat, &fn);
 }
@@ -408,7 +423,8 @@ enum LocalError : int64_t {
   kListedTwice = 3,
   kGatheredTwice = 4,
   kNotFinished = 5,
-  kBadPrecision = 6
+  kBadPrecision = 6,
+  kStackOtherRank = 7
 };
 constexpr int64_t kRecord = 8;
 
@@ -443,8 +459,16 @@ std::string precision_error(const MixedPrecision& mp) {
   return {};
 }
 
-std::string local_error(const std::vector<int64_t>& rec) {
+// A FlatParam's rank and world size in one slot of the record (error_other), and back.
+int64_t rank_code(const FlatParam& flat) {
+  return static_cast<int64_t>(flat.rank) * (int64_t{1} << 32) + flat.world_size;
+}
+
+std::string local_error(const std::vector<int64_t>& rec, size_t rank, int world_size) {
   switch (rec[5]) {
+    case kStackOtherRank:
+      return c10::str("layer ", rec[6], "'s FlatParam was made for rank ", rec[7] >> 32, " of ", rec[7] & 0xffffffff,
+                      ", but this is rank ", rank, " of ", world_size);
     case kFnCount:
       return c10::str("one LayerFn per FlatParam, got ", rec[6], " FlatParams and ", rec[7], " LayerFns");
     case kBadPrecision:
@@ -475,7 +499,7 @@ void agree(ShardedStack::State& s, std::vector<int64_t> mine) {
   }
   for (size_t r = 0; r < all.size(); ++r) {
     TORCH_CHECK(all[r][0] != kForwardPhase || all[r][5] == kNoError, "ShardedStack: on rank ", r, ": ",
-                local_error(all[r]));
+                local_error(all[r], r, s.comm.world_size()));
   }
   if (std::all_of(all.begin(), all.end(), [&](const auto& rec) { return rec == all[0]; })) return;
   std::string ranks;
@@ -605,11 +629,11 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
   record[1] = static_cast<int64_t>(s.flats.size());
   record[2] = precision_code(s.mp);  // step 5: ranks whose dtypes differ would gather different bytes
   record[4] = fingerprint(s.flats);
-  const auto fail = [&record](int64_t error, size_t layer, size_t other) {
+  const auto fail = [&record](int64_t error, size_t layer, int64_t other) {
     if (record[5] != kNoError) return;
     record[5] = error;
     record[6] = static_cast<int64_t>(layer);
-    record[7] = static_cast<int64_t>(other);
+    record[7] = other;
   };
   if (s.backwards_since_finish > 0) fail(kNotFinished, static_cast<size_t>(s.backwards_since_finish), 0);
   if (s.fns.size() != s.flats.size()) fail(kFnCount, s.flats.size(), s.fns.size());
@@ -617,6 +641,11 @@ at::Tensor ShardedStack::forward(const at::Tensor& x) {
   for (size_t l = 0; l < s.flats.size(); ++l) {
     const at::Tensor& shard = s.flats[l].shard;
     record[3] += s.flats[l].numel;
+    // Another rank's FlatParam (or another world size's) would pass the comparison of shapes and fail in its
+    // gather on this rank alone: it goes into the record.
+    if (s.flats[l].rank != s.comm.rank() || s.flats[l].world_size != s.comm.world_size()) {
+      fail(kStackOtherRank, l, rank_code(s.flats[l]));
+    }
     if (!(shard.defined() && shard.is_leaf() && shard.requires_grad())) fail(kNotLeaf, l, 0);
     for (size_t k = 0; k < l; ++k) {
       if (shard.defined() && shard.is_same(s.flats[k].shard)) fail(kListedTwice, l, k);
@@ -668,7 +697,7 @@ struct MixedLayer : public torch::autograd::Function<MixedLayer> {
                             dist::Comm* comm, FlatParam* flat, const LayerFn* fn, MixedPrecision mp) {
     ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm);
     ctx->saved_data["flat"] = reinterpret_cast<int64_t>(flat);
-    ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
+    ctx->saved_data["fn"] = hold(*fn);  // a copy the node owns, as step 3's
     ctx->saved_data["param_dtype"] = static_cast<int64_t>(mp.param_dtype);
     ctx->saved_data["reduce_dtype"] = static_cast<int64_t>(mp.reduce_dtype);
     ctx->save_for_backward({x});
@@ -681,7 +710,7 @@ struct MixedLayer : public torch::autograd::Function<MixedLayer> {
                                                  torch::autograd::variable_list grad_outputs) {
     auto* comm = reinterpret_cast<dist::Comm*>(ctx->saved_data["comm"].toInt());
     auto* flat = reinterpret_cast<FlatParam*>(ctx->saved_data["flat"].toInt());
-    const auto* fn = reinterpret_cast<const LayerFn*>(ctx->saved_data["fn"].toInt());
+    const LayerFn& fn = held(ctx);
     const auto param_dtype = static_cast<at::ScalarType>(ctx->saved_data["param_dtype"].toInt());
     const auto reduce_dtype = static_cast<at::ScalarType>(ctx->saved_data["reduce_dtype"].toInt());
     const at::Tensor x = ctx->get_saved_variables()[0];
@@ -692,7 +721,7 @@ struct MixedLayer : public torch::autograd::Function<MixedLayer> {
     torch::autograd::variable_list grads;
     {
       at::AutoGradMode enable(true);
-      const at::Tensor y = (*fn)(x_in, unflatten(*flat, full));
+      const at::Tensor y = fn(x_in, unflatten(*flat, full));
       torch::autograd::variable_list inputs{full};
       if (needs_x) inputs.push_back(x_in);
       // allow_unused, as step 3: parameters this rank's layer function ignores get zeros, not a throw here alone.
@@ -715,7 +744,7 @@ struct MixedLayer : public torch::autograd::Function<MixedLayer> {
 
 }  // namespace
 
-at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, const LayerFn& fn, const at::Tensor& x,
+at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, LayerFn fn, const at::Tensor& x,
                                  const MixedPrecision& mp) {
   // The dtypes and the shard are checked in the forward's agreement, on every rank alike.
   return MixedLayer::apply(x, flat.shard, &comm, &flat, &fn, mp);
@@ -731,21 +760,25 @@ PendingGather start_gather_as(dist::Comm& comm, const FlatParam& flat, int tag, 
 
 // [sharded_unscale]
 bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& flats, double scale) {
-  TORCH_CHECK(std::isfinite(scale) && scale > 0, "sharded_unscale_and_check: scale must be finite and > 0, got ",
-              scale);
-  at::Tensor found_inf = at::zeros({1}, at::kFloat);
-  {
+  // The one flag every rank all-reduces: 0 clean, 1 an inf or NaN in a shard, 2 + r a bad scale on rank r (the
+  // MAX then names the highest such rank): a rank with a bad scale still joins, so that every rank throws.
+  const bool bad_scale = !(std::isfinite(scale) && scale > 0);
+  at::Tensor flag = at::full({1}, bad_scale ? 2.0f + static_cast<float>(comm.rank()) : 0.0f, at::kFloat);
+  if (!bad_scale) {
     at::NoGradGuard no_grad;
     for (const FlatParam& flat : flats) {
       const at::Tensor grad = flat.shard.grad();
       if (!grad.defined()) continue;
       grad.mul_(1.0 / scale);  // only this rank's slice of the gradient: it cannot see the others'
-      if (!at::isfinite(grad).all().item<bool>()) found_inf.fill_(1.0f);
+      if (!at::isfinite(grad).all().item<bool>()) flag.fill_(1.0f);
     }
   }
-  // The agreement: 1 on every rank if any rank saw an inf or NaN, so every rank skips (or steps) together.
-  comm.all_reduce(found_inf, dist::ReduceOp::kMax);
-  return found_inf.item<float>() > 0;
+  // The agreement: every rank sees the same flag, so every rank skips (or steps, or throws) together.
+  comm.all_reduce(flag, dist::ReduceOp::kMax);
+  const float agreed = flag.item<float>();
+  TORCH_CHECK(agreed < 2, "sharded_unscale_and_check: on rank ", static_cast<int>(agreed) - 2,
+              ": scale must be finite and > 0 (every rank passes the scaler's one scale)");
+  return agreed > 0;
 }
 // [sharded_unscale]
 
@@ -826,7 +859,8 @@ void save_sharded(dist::Comm& comm, const std::string& dir, const ShardedCheckpo
 // [checkpoint_load]
 namespace {
 
-// One old rank's file, read and checked against the header of rank 0's.
+// One old rank's file, read, with its header checked: its format, and its rank and world size against its name
+// (old_n < 0: not known yet, rank 0's file tells).
 std::vector<at::Tensor> read_rank_file(const std::string& dir, int rank, int64_t old_n) {
   const std::string path = rank_file(dir, rank);
   TORCH_CHECK(std::filesystem::exists(path), "load_sharded: missing rank file ", path, " (the checkpoint in ", dir,
@@ -834,15 +868,53 @@ std::vector<at::Tensor> read_rank_file(const std::string& dir, int rank, int64_t
   std::vector<at::Tensor> in;
   torch::load(in, path);
   TORCH_CHECK(!in.empty() && in[0].scalar_type() == at::kLong && in[0].numel() == 6 &&
-                  in[0][0].item<int64_t>() == kCheckpointFormat,
+                  in[0][0].item<int64_t>() == kCheckpointFormat && in[0][1].item<int64_t>() > 0 &&
+                  in[0][3].item<int64_t>() >= 0 && in[0][5].item<int64_t>() >= 0,
               "load_sharded: ", path, " is not a sharded checkpoint of this lesson");
-  TORCH_CHECK(in[0][2].item<int64_t>() == rank && (old_n < 0 || in[0][1].item<int64_t>() == old_n),
-              "load_sharded: ", path, " is not rank ", rank, " of ", old_n, " (its header says rank ",
-              in[0][2].item<int64_t>(), " of ", in[0][1].item<int64_t>(), ")");
+  TORCH_CHECK(in[0][2].item<int64_t>() == rank, "load_sharded: ", path, " is not rank ", rank,
+              " (its header says rank ", in[0][2].item<int64_t>(), " of ", in[0][1].item<int64_t>(), ")");
   const int64_t layers = in[0][3].item<int64_t>(), k = in[0][5].item<int64_t>();
   TORCH_CHECK(static_cast<int64_t>(in.size()) == 1 + layers * (3 + k), "load_sharded: ", path,
               " is not a sharded checkpoint of this lesson (", in.size(), " tensors)");
   return in;
+}
+
+// A header as text: "3 ranks, 2 layers, step 7, 2 state tensors per layer".
+std::string header_text(const at::Tensor& header) {
+  return c10::str(header[1].item<int64_t>(), " ranks, ", header[3].item<int64_t>(), " layers, step ",
+                  header[4].item<int64_t>(), ", ", header[5].item<int64_t>(), " state tensors per layer");
+}
+
+// Old rank q's file against rank 0's: the same checkpoint (world size, layers, step, state count, every layer's
+// shapes and elements), every shard and state shard of the old size. Every rank checks every file this way, in the
+// same order, before it uses any: a leftover file of another run fails every rank alike, by name.
+void check_rank_file(const std::string& dir, int q, const std::vector<at::Tensor>& file,
+                     const std::vector<at::Tensor>& head, const std::vector<std::vector<std::vector<int64_t>>>& saved) {
+  const auto other = [&](const std::string& what) {
+    return c10::str("load_sharded: ", rank_file(dir, q), " does not belong to the checkpoint of ", rank_file(dir, 0),
+                    ": ", what, " (a leftover file of another run? save each checkpoint into a folder of its own)");
+  };
+  for (const int64_t i : {1, 3, 4, 5}) {  // the world size, the layers, the step, the state tensors per layer
+    TORCH_CHECK(file[0][i].item<int64_t>() == head[0][i].item<int64_t>(),
+                other(c10::str("its header says ", header_text(file[0]), ", rank 0's ", header_text(head[0]))));
+  }
+  const int64_t old_n = head[0][1].item<int64_t>(), k = head[0][5].item<int64_t>();
+  for (size_t l = 0; l < saved.size(); ++l) {
+    const size_t at = 1 + l * static_cast<size_t>(3 + k);
+    const std::vector<std::vector<int64_t>> shapes = decode_shapes(file[at]);
+    TORCH_CHECK(shapes == saved[l], other(c10::str("its layer ", l, " has the shapes ", shapes_text({shapes}),
+                                                   ", rank 0's ", shapes_text({saved[l]}))));
+    int64_t numel = 0;
+    for (const auto& shape : saved[l]) numel += elements_of(shape);
+    TORCH_CHECK(file[at + 1].numel() == 1 && file[at + 1].item<int64_t>() == numel, "load_sharded: ", rank_file(dir, q),
+                " is not a sharded checkpoint of this lesson (layer ", l, "'s element count)");
+    const int64_t old_size = padded_numel(numel, static_cast<int>(old_n)) / old_n;
+    for (int64_t i = 0; i <= k; ++i) {
+      const at::Tensor& old = file[at + 2 + static_cast<size_t>(i)];
+      TORCH_CHECK(old.scalar_type() == at::kFloat && old.numel() == old_size, "load_sharded: layer ", l,
+                  " of rank file ", q, " has ", old.numel(), " elements, but ", old_n, " ranks need ", old_size);
+    }
+  }
 }
 
 }  // namespace
@@ -862,13 +934,35 @@ ShardedCheckpoint load_sharded(dist::Comm& comm, const std::string& dir,
     TORCH_CHECK(std::filesystem::exists(rank_file(dir, q)), "load_sharded: missing rank file ", rank_file(dir, q),
                 " (the checkpoint in ", dir, " was saved by ", old_n, " ranks)");
   }
-  std::vector<std::vector<at::Tensor>> files(static_cast<size_t>(old_n));  // read when first needed
+  // The new layout, per layer: the new and the old shard sizes, and the unpadded range [begin, end) of the flat
+  // buffer that this rank's new shard holds (everything past numel stays zero; a rank may hold padding only).
+  std::vector<int64_t> sizes, old_sizes, begins, ends;
+  for (const auto& layer : saved) {
+    int64_t numel = 0;
+    for (const auto& shape : layer) numel += c10::multiply_integers(shape);
+    sizes.push_back(padded_numel(numel, n) / n);                                // S', the new shard
+    old_sizes.push_back(padded_numel(numel, static_cast<int>(old_n)) / old_n);  // S, the old one
+    begins.push_back(std::min<int64_t>(r * sizes.back(), numel));
+    ends.push_back(std::min<int64_t>((r + 1) * sizes.back(), numel));
+  }
+  // Whether old rank q's shard of layer l holds elements of this rank's new range.
+  const auto overlaps = [&](int64_t q, size_t l) {
+    return q * old_sizes[l] < ends[l] && (q + 1) * old_sizes[l] > begins[l];
+  };
+  // Every old rank's file checked, on every rank, before any is used; this rank keeps the ones it copies from.
+  std::vector<std::vector<at::Tensor>> files(static_cast<size_t>(old_n));
+  for (int q = 0; q < old_n; ++q) {
+    std::vector<at::Tensor> file = q == 0 ? head : read_rank_file(dir, q, old_n);
+    check_rank_file(dir, q, file, head, saved);
+    bool needed = false;
+    for (size_t l = 0; l < saved.size(); ++l) needed = needed || overlaps(q, l);
+    if (needed) files[static_cast<size_t>(q)] = std::move(file);
+  }
   ShardedCheckpoint ckpt;
   ckpt.step = head[0][4].item<int64_t>();
-  for (int64_t l = 0; l < layers; ++l) {
+  for (size_t l = 0; l < saved.size(); ++l) {
     FlatParam flat;
-    flat.shapes = saved[static_cast<size_t>(l)];
-    flat.numel = 0;
+    flat.shapes = saved[l];
     for (const auto& shape : flat.shapes) {
       flat.offsets.push_back(flat.numel);
       flat.numel += c10::multiply_integers(shape);
@@ -876,23 +970,15 @@ ShardedCheckpoint load_sharded(dist::Comm& comm, const std::string& dir,
     flat.padded_numel = padded_numel(flat.numel, n);
     flat.rank = r;
     flat.world_size = n;
-    const int64_t size = flat.padded_numel / n;                                          // S', the new shard
-    const int64_t old_size = padded_numel(flat.numel, static_cast<int>(old_n)) / old_n;  // S, the old one
-    // The new shard's unpadded range [begin, end) of the flat buffer; everything past numel stays zero.
-    const int64_t begin = std::min<int64_t>(r * size, flat.numel);
-    const int64_t end = std::min<int64_t>((r + 1) * size, flat.numel);
+    const int64_t size = sizes[l], old_size = old_sizes[l], begin = begins[l], end = ends[l];
     std::vector<at::Tensor> pieces(static_cast<size_t>(1 + k));
     for (auto& piece : pieces) piece = at::zeros({size}, at::kFloat);
-    for (int64_t q = begin / std::max<int64_t>(old_size, 1); q < old_n && q * old_size < end; ++q) {
-      std::vector<at::Tensor>& file = files[static_cast<size_t>(q)];
-      if (file.empty()) file = read_rank_file(dir, static_cast<int>(q), old_n);
-      TORCH_CHECK(decode_shapes(file[1 + l * (3 + k)]) == flat.shapes, "load_sharded: rank file ", q,
-                  " was saved for another model than rank file 0");
+    for (int64_t q = 0; q < old_n; ++q) {
+      if (!overlaps(q, l)) continue;
+      const std::vector<at::Tensor>& file = files[static_cast<size_t>(q)];
       const int64_t from = std::max(begin, q * old_size), to = std::min(end, (q + 1) * old_size);
       for (int64_t i = 0; i <= k; ++i) {
-        const at::Tensor& old = file[static_cast<size_t>(1 + l * (3 + k) + 2 + i)];
-        TORCH_CHECK(old.numel() == old_size, "load_sharded: layer ", l, " of rank file ", q, " has ", old.numel(),
-                    " elements, but ", old_n, " ranks need ", old_size);
+        const at::Tensor& old = file[1 + l * static_cast<size_t>(3 + k) + 2 + static_cast<size_t>(i)];
         pieces[static_cast<size_t>(i)]
             .narrow(0, from - r * size, to - from)
             .copy_(old.narrow(0, from - q * old_size, to - from));
@@ -907,28 +993,17 @@ ShardedCheckpoint load_sharded(dist::Comm& comm, const std::string& dir,
 // [checkpoint_load]
 
 // [full_state]
-std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam>& flats) {
-  std::vector<at::Tensor> out;
-  for (const FlatParam& flat : flats) {
-    const at::Tensor full = gather_full(comm, flat);  // every rank takes part in every gather
-    if (comm.rank() != 0) continue;
-    for (const at::Tensor& view : unflatten(flat, full)) out.push_back(view.clone());
-  }
-  return out;
-}
-// [full_state]
-
-// [full_optim_state]
 namespace {
 
 // What a rank found wrong with its arguments: it goes into the record, so that every rank throws it.
 enum StateError : int64_t { kStateOk = 0, kStateOtherRank = 1, kStateLists = 2, kStateCount = 3, kStateElements = 4 };
 
-// A record: {layers, state tensors per layer, error, layer, got, want}.
-std::string state_error(const std::vector<int64_t>& rec) {
+// A record: {layers, state tensors per layer, error, layer, got, want, elements, fingerprint}.
+std::string state_error(const std::vector<int64_t>& rec, size_t rank, int world_size) {
   switch (rec[2]) {
     case kStateOtherRank:
-      return c10::str("FlatParam ", rec[3], " was made for rank ", rec[4], " of ", rec[5]);
+      return c10::str("FlatParam ", rec[3], " was made for rank ", rec[4], " of ", rec[5], ", but this is rank ", rank,
+                      " of ", world_size);
     case kStateLists:
       return c10::str("one state list per FlatParam: ", rec[5], " FlatParams, ", rec[4], " state lists");
     case kStateCount:
@@ -938,13 +1013,15 @@ std::string state_error(const std::vector<int64_t>& rec) {
   }
 }
 
-}  // namespace
-
-std::vector<std::vector<at::Tensor>> full_optim_state(dist::Comm& comm, const std::vector<FlatParam>& flats,
-                                                      const std::vector<std::vector<at::Tensor>>& optim_state) {
-  // This rank's findings go into its record: a rank that threw alone would leave its peers in the first gather.
-  const int64_t k = optim_state.empty() ? 0 : static_cast<int64_t>(optim_state[0].size());
-  std::vector<int64_t> mine{static_cast<int64_t>(flats.size()), k, kStateOk, 0, 0, 0};
+// Before full_state's and full_optim_state's gathers, the ranks agree: each all-gathers a record of 8 int64 (its
+// layers, their elements and a fingerprint of their shapes and world size, its state tensors per layer, and what
+// it found wrong with its arguments), and every rank throws alike. Ranks whose layers differ would otherwise meet
+// in gathers of different sizes (Gloo aborts the process) or of different counts (the timeout), and a rank that
+// threw alone would leave its peers in the first gather. `optim_state` is null for full_state.
+void agree_on_state(dist::Comm& comm, const char* op, const std::vector<FlatParam>& flats,
+                    const std::vector<std::vector<at::Tensor>>* optim_state) {
+  const int64_t k = optim_state && !optim_state->empty() ? static_cast<int64_t>((*optim_state)[0].size()) : 0;
+  std::vector<int64_t> mine{static_cast<int64_t>(flats.size()), k, kStateOk, 0, 0, 0, 0, fingerprint(flats)};
   const auto fail = [&mine](int64_t error, size_t layer, int64_t got, int64_t want) {
     if (mine[2] != kStateOk) return;
     mine[2] = error;
@@ -952,18 +1029,20 @@ std::vector<std::vector<at::Tensor>> full_optim_state(dist::Comm& comm, const st
     mine[4] = got;
     mine[5] = want;
   };
-  if (optim_state.size() != flats.size()) {
-    fail(kStateLists, 0, static_cast<int64_t>(optim_state.size()), static_cast<int64_t>(flats.size()));
+  if (optim_state && optim_state->size() != flats.size()) {
+    fail(kStateLists, 0, static_cast<int64_t>(optim_state->size()), static_cast<int64_t>(flats.size()));
   }
-  for (size_t l = 0; l < flats.size() && l < optim_state.size(); ++l) {
+  for (size_t l = 0; l < flats.size(); ++l) {
     const FlatParam& flat = flats[l];
+    mine[6] += flat.numel;
     if (flat.rank != comm.rank() || flat.world_size != comm.world_size()) {
       fail(kStateOtherRank, l, flat.rank, flat.world_size);
     }
-    if (static_cast<int64_t>(optim_state[l].size()) != k) {
-      fail(kStateCount, l, static_cast<int64_t>(optim_state[l].size()), k);
+    if (!optim_state || l >= optim_state->size()) continue;
+    if (static_cast<int64_t>((*optim_state)[l].size()) != k) {
+      fail(kStateCount, l, static_cast<int64_t>((*optim_state)[l].size()), k);
     }
-    for (const at::Tensor& state : optim_state[l]) {
+    for (const at::Tensor& state : (*optim_state)[l]) {
       const int64_t size = flat.padded_numel / std::max(flat.world_size, 1);
       const int64_t got = state.defined() ? state.numel() : 0;
       if (got != size) fail(kStateElements, l, got, size);
@@ -975,16 +1054,39 @@ std::vector<std::vector<at::Tensor>> full_optim_state(dist::Comm& comm, const st
     all.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
   }
   for (size_t r = 0; r < all.size(); ++r) {
-    TORCH_CHECK(all[r][2] == kStateOk, "full_optim_state: on rank ", r, ": ", state_error(all[r]));
+    TORCH_CHECK(all[r][2] == kStateOk, op, ": on rank ", r, ": ", state_error(all[r], r, comm.world_size()));
   }
   std::string ranks;
   bool same = true;
   for (size_t r = 0; r < all.size(); ++r) {
-    same = same && all[r][0] == all[0][0] && all[r][1] == all[0][1];
-    ranks += c10::str(r ? "; " : "", "rank ", r, ": ", all[r][0], " layers of ", all[r][1], " state tensors");
+    const auto& rec = all[r];
+    same = same && rec[0] == all[0][0] && rec[1] == all[0][1] && rec[6] == all[0][6] && rec[7] == all[0][7];
+    ranks += c10::str(r ? "; " : "", "rank ", r, ": ", rec[0], " layers of ", rec[6], " elements (shapes #",
+                      rec[7] % 10000, ")", optim_state ? c10::str(", ", rec[1], " state tensors each") : "");
   }
-  TORCH_CHECK(same, "full_optim_state: the ranks disagree on the state they gather (", ranks,
-              "): every rank must pass its state of the same layers");
+  TORCH_CHECK(same, op, ": the ranks disagree on the ", optim_state ? "state" : "layers", " they gather (", ranks,
+              "): every rank must pass its shards of the same layers", optim_state ? " and their state" : "");
+}
+
+}  // namespace
+
+std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam>& flats) {
+  agree_on_state(comm, "full_state", flats, nullptr);  // a fault on any rank fails every rank, before any gather
+  std::vector<at::Tensor> out;
+  for (const FlatParam& flat : flats) {
+    const at::Tensor full = gather_full(comm, flat);  // every rank takes part in every gather
+    if (comm.rank() != 0) continue;
+    for (const at::Tensor& view : unflatten(flat, full)) out.push_back(view.clone());
+  }
+  return out;
+}
+// [full_state]
+
+// [full_optim_state]
+std::vector<std::vector<at::Tensor>> full_optim_state(dist::Comm& comm, const std::vector<FlatParam>& flats,
+                                                      const std::vector<std::vector<at::Tensor>>& optim_state) {
+  // This rank's findings go into its record: a rank that threw alone would leave its peers in the first gather.
+  agree_on_state(comm, "full_optim_state", flats, &optim_state);
   // Per parameter, in full_state's order, its state tensors in its shape: gathered as the parameters are.
   std::vector<std::vector<at::Tensor>> out;
   for (size_t l = 0; l < flats.size(); ++l) {
