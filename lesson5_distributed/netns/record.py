@@ -184,8 +184,8 @@ def page(results):
             " Outside: " + "; ".join(misses) + "." if misses else ""),
         "",
         "Lesson 5's demo with every rank in its own Linux network namespace (veth links to a bridge in a hub "
-        "namespace), made and removed by `lesson5_distributed/netns/netns_run.sh` (see \\ref lesson5_netns \"the "
-        "lesson page\"). **Bandwidth: kernel-shaped** (tbf on each rank's egress). **Latency: simulated** by "
+        "namespace), made and removed by `lesson5_distributed/netns/netns_run.sh` (see \\ref lesson5_netns \"Lesson 5 "
+        "in depth\"). **Bandwidth: kernel-shaped** (tbf on each rank's egress). **Latency: simulated** by "
         "`dist::Comm` (one delay per collective) where the kernel has no netem. **Compute: measured** in every "
         "round with no communication. **A call's own cost: measured** in every round, per kind of call, from "
         "bursts of 16 small all-reduces and 16 small broadcasts back to back (Gloo, the kernel and waking the "
