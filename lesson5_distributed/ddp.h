@@ -42,8 +42,9 @@ void average_(dist::Comm& comm, const at::Tensor& tensor);
 
 /// Step 1. Checks that every rank has the same parameters (count, shapes, dtypes) before any gradient is
 /// exchanged. Every rank learns the result, so every rank throws the same error "parameter shapes differ
-/// across ranks" (naming this rank's and the first differing rank's description) instead of hanging in a
-/// collective whose sizes do not match. Uses fixed-size collectives only.
+/// across ranks", naming rank 0's and the first differing rank's counts ("rank 0 has 6 parameters with 484
+/// elements, rank 1 has 4 parameters with 340 elements"), instead of hanging in a collective whose sizes do not
+/// match. Uses fixed-size collectives only.
 void check_same_shapes(dist::Comm& comm, const std::vector<at::Tensor>& params);
 
 /// Step 1. DDP's construction-time sync (_sync_module_states): check_same_shapes over the parameters and the
@@ -134,7 +135,7 @@ class Reducer {
   /// contributes zeros, so that every rank makes the same calls), then one all-reduce of the "no gradient" map
   /// (one float per parameter, DDP's local_used_map), waits for all and copies each average into its
   /// parameters' .grad; resets for the next backward. Errors, on EVERY rank when any rank lacks a gradient:
-  /// "got no gradient" naming the parameter and on how many ranks (unused parameters are not supported); when
+  /// "parameter i got no gradient in this backward on M of N ranks" (unused parameters are not supported); when
   /// an entry of the map is above the world size (kForgottenFinish: a rank that never called its finish() for
   /// this backward, see fail_unfinished): "another rank's finish() was not called"; when this backward did not
   /// sync (its forward ran inside NoSync): fail_not_synced(), which tells the peers, whose entries are then at
@@ -222,7 +223,7 @@ bool all_ranks_found_inf(dist::Comm& comm, bool local_found_inf);
 /// also after an explicit unscale_ (to clip), skips on every rank when any rank found an inf/NaN, and update()
 /// backs the scale off on every rank. One all-reduce of 8 bytes per unscale_: {found_inf, failed}, so that
 /// when the local unscale throws on one rank (e.g. its optimizer has no gradient), every rank throws instead
-/// of waiting for it. Needed wherever a rank unscales only part of the gradients (ZeroOptimizer); with a
+/// of waiting for it: that rank its own error, the others "another rank's unscale_ failed". Needed wherever a rank unscales only part of the gradients (ZeroOptimizer); with a
 /// Reducer's full all-reduce an inf reaches every rank anyway and lesson 1's scaler is enough.
 class ShardedGradScaler : public amp::GradScaler {
  public:
