@@ -219,7 +219,7 @@ TEST_CASE("[step2] the guard rejects a device or dtype autocast cannot use, with
     CHECK_THROWS_WITH_AS(amp::AutocastGuard(torch::kCPU, torch::kHalf), Contains("bfloat16 only"), c10::Error);
   }
   if (!torch::cuda::is_available()) {
-    CHECK_THROWS_WITH_AS(amp::AutocastGuard(torch::kCUDA), Contains("CUDA"), c10::Error);
+    CHECK_THROWS_WITH_AS(amp::AutocastGuard{torch::kCUDA}, Contains("CUDA"), c10::Error);
   }
   CHECK_FALSE(cpu_autocast_on());  // a rejected guard changed nothing
   {

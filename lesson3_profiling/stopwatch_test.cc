@@ -35,7 +35,7 @@ TEST_CASE("[step1] measure runs the work warmup + repeats times and keeps one sa
 
 TEST_CASE("[step1] the stopwatch measures at least the time the work surely takes") {
   // std::this_thread::sleep_for blocks for at least the given time: a lower bound, never a flaky threshold.
-  prof::Stopwatch stopwatch(c10::Device(c10::kCPU));
+  prof::Stopwatch stopwatch{c10::Device(c10::kCPU)};
   stopwatch.start();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const double ms = stopwatch.stop_ms();
