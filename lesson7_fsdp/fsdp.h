@@ -70,8 +70,8 @@ int64_t padded_numel(int64_t numel, int world_size);
 
 /// Step 2: flattens `params` (float32, as many as the layer has, any shapes) into a zero-padded flat buffer of
 /// padded_numel(sum of numel, world_size) elements and keeps slice `rank` as `shard` (a copy: the caller's
-/// tensors may be freed). Throws "no parameters" for an empty list, "must be float32" for another dtype and
-/// "outside 0 .." for a rank that is not in 0 .. world_size - 1.
+/// tensors may be freed). Throws "no parameters" for an empty list, "must be float32" for another dtype or an
+/// undefined tensor, and "outside 0 .." for a rank that is not in 0 .. world_size - 1.
 FlatParam flatten_and_shard(const std::vector<at::Tensor>& params, int rank, int world_size);
 
 /// Step 2: the parameters again, as VIEWS into `full` (a gathered flat buffer of flat.padded_numel elements), in
@@ -95,14 +95,17 @@ using LayerFn = std::function<at::Tensor(const at::Tensor& x, const std::vector<
 /// the phase (forward, or backward when `backward`), flat.rank and flat.world_size, flat.numel, a fingerprint of
 /// flat.shapes, `param_dtype` (the gather's dtype) and `reduce_dtype` (the reduce-scatter's; step 3 passes
 /// float32 for both), and what this rank found wrong with its own arguments, checked in this order and put
-/// into the record instead of thrown alone: a FlatParam made for another rank or world size ("was made for
-/// rank"), in the forward a shard that is not a leaf that requires grad ("requires grad"), a param_dtype
-/// other than float32, bfloat16 and float16 ("param_dtype must be float32, bfloat16 or float16"), a
-/// reduce_dtype other than float32 and the param_dtype ("reduce_dtype must be float32 or the param_dtype").
-/// Every rank then throws "on rank r: " and the first rank's finding; or, when the records differ in anything
-/// but flat.rank, "the ranks disagree on the layer they are about to gather", listing each rank's call: a rank
-/// whose loss skips a layer that another rank's loss uses is in another layer's backward, or its next forward,
-/// when its peers start that layer's backward. Layers of the same shapes look alike here (ShardedStack, step 4,
+/// into the record instead of thrown alone: a FlatParam made for another rank or world size ("the FlatParam was
+/// made for rank R of N, but this is rank r of n"), in the forward a shard that is not a leaf that requires grad
+/// ("the layer's shard must be a leaf that requires grad"), a param_dtype other than float32, bfloat16 and
+/// float16 ("param_dtype must be float32, bfloat16 or float16"), a reduce_dtype other than float32 and the
+/// param_dtype ("reduce_dtype must be float32 or the param_dtype"). Every rank then throws "on rank r: " and
+/// the first such rank's finding; or, when the records differ in anything but flat.rank, "the ranks disagree on
+/// the layer they are about to gather (" and each rank's call in rank order, joined by "; ", each starting
+/// "rank R: the forward of a layer of E elements" or "rank R: the backward of a layer of E elements" (E:
+/// flat.numel; what follows "elements", such as the dtypes, is free), then ")". A rank whose loss skips a layer
+/// that another rank's loss uses is in another layer's backward, or its next forward, when its peers start
+/// that layer's backward. Layers of the same shapes look alike here (ShardedStack, step 4,
 /// knows each layer's index); a rank that skips a layer's backward and makes no further call of these is left
 /// to the timeout.
 void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::ScalarType param_dtype = at::kFloat,
