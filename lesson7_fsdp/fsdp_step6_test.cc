@@ -295,6 +295,19 @@ TEST_CASE("[step6] a file that is not a sharded checkpoint is refused by name on
   torch::save(std::vector<torch::Tensor>{torch::zeros({6}, torch::kLong)}, dir + "/rank_0.pt");  // no format number
   check_fails_on_every_rank(
       2, [&](dist::Comm& comm) { fsdp::load_sharded(comm, dir, shapes_of(p.layers)); }, "is not a sharded checkpoint");
+  // A checkpoint of this layout whose format number is another (the header's first element, one more): another
+  // version of the format, refused by its number even where every size agrees.
+  const std::string other = fresh_dir("other_format");
+  dist::run_ranks(launch(1), [&](dist::Comm& comm) { fsdp::save_sharded(comm, other, fresh(p, 0, 1)); });
+  std::vector<torch::Tensor> file;
+  torch::load(file, other + "/rank_0.pt");
+  REQUIRE_FALSE(file.empty());
+  file[0] = file[0].clone();
+  file[0][0] += 1;
+  torch::save(file, other + "/rank_0.pt");
+  check_fails_on_every_rank(
+      2, [&](dist::Comm& comm) { fsdp::load_sharded(comm, other, shapes_of(p.layers)); },
+      "is not a sharded checkpoint");
 }
 
 TEST_CASE("[step6] a missing rank file is refused by name on every rank, not a hang") {
@@ -466,5 +479,31 @@ TEST_CASE("[step6] reshards at the extremes: N = 1 on either side, new ranks who
         CHECK(torch::equal(ckpt.optim_state[l][0], (pos + 100 * static_cast<double>(l)).masked_fill(padding, 0)));
       }
     });
+  }
+}
+
+TEST_CASE("[step6] parameters straight from torch::nn modules: sharded, saved on 2 ranks, loaded on 3, in full again") {
+  torch::manual_seed(5);
+  const torch::nn::Linear first(8, 15), second(15, 13);  // their parameters require grad
+  const std::vector<std::vector<torch::Tensor>> layers{first->parameters(), second->parameters()};
+  const std::string dir = fresh_dir("modules");
+  dist::run_ranks(launch(2), [&](dist::Comm& comm) {
+    fsdp::ShardedCheckpoint ckpt;
+    for (const auto& layer : layers) ckpt.flats.push_back(fsdp::flatten_and_shard(layer, comm.rank(), 2));
+    ckpt.optim_state.resize(ckpt.flats.size());
+    fsdp::save_sharded(comm, dir, ckpt);
+  });
+  std::vector<torch::Tensor> got;
+  dist::run_ranks(launch(3), [&](dist::Comm& comm) {
+    const fsdp::ShardedCheckpoint ckpt = fsdp::load_sharded(comm, dir, shapes_of(layers));
+    std::vector<torch::Tensor> full = fsdp::full_state(comm, ckpt.flats);
+    if (comm.rank() == 0) got = std::move(full);
+  });
+  std::vector<torch::Tensor> expected;
+  for (const auto& layer : layers) expected.insert(expected.end(), layer.begin(), layer.end());
+  REQUIRE(got.size() == expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(got[i], expected[i].detach()));
   }
 }
