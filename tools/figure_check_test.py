@@ -47,13 +47,13 @@ def append(path, text):
 
 
 def edit_where(work, old, new):
-    """Replaces `old` in whichever page holds it (a lesson page or a page of its own, e.g. a deep dive: sections
-    move between them, the defect goes with the figure)."""
+    """Replaces `old` on every page that holds it (a lesson page or a page of its own, e.g. a deep dive: sections
+    move between them, and a lesson page may quote a figure its deep dive also shows)."""
     holders = [path for path, text in pages if old in text]
-    if len(holders) != 1:
-        raise AssertionError("%r is on %d pages (%s); the planted defect needs exactly one" % (old, len(holders),
-                                                                                             holders))
-    edit(os.path.join(work, holders[0]), old, new)
+    if not holders:
+        raise AssertionError("%r is on no page; the planted defect needs one" % old)
+    for path in holders:
+        edit(os.path.join(work, path), old, new)
 
 
 lessons = manifest.load(os.path.join(ROOT, "tools", "lessons.bzl"))
