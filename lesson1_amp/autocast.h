@@ -27,7 +27,7 @@ double underflow_fraction(const at::Tensor& values, c10::ScalarType low_precisio
 /// autocast does).
 ///
 /// Throws c10::Error for a device other than CPU/CUDA and, when enabled, for a dtype that is not
-/// float16/bfloat16, for a dtype the device's autocast does not support in this LibTorch (CPU autocast before
+/// float16 or bfloat16, for a dtype the device's autocast does not support in this LibTorch (CPU autocast before
 /// 2.3: bfloat16 only), and for CUDA when CUDA is not available. A disabled guard accepts any dtype.
 /// All or nothing: a guard that throws leaves the device's enabled flag and dtype exactly as they were.
 class AutocastGuard {
