@@ -40,7 +40,8 @@ using LossFn = std::function<at::Tensor(const MicroBatch&)>;
 
 /// Step 1. Splits a batch into micro-batches of `micro_batch_size` items, in order; the last one holds the
 /// remainder when the batch does not divide evenly. The micro-batches are views (no copy). Errors: an empty
-/// or undefined batch ("empty batch"), input and target with different item counts, micro_batch_size <= 0.
+/// or undefined batch ("empty batch"), input and target with different item counts ("mismatched sizes"),
+/// micro_batch_size <= 0.
 std::vector<MicroBatch> split_batch(const at::Tensor& input, const at::Tensor& target, int64_t micro_batch_size);
 
 /// How the micro-batches' mean losses are combined into the window's loss.
@@ -72,8 +73,8 @@ struct AccumulationStats {
 /// Step 1. Runs forward and backward on every micro-batch of one window, each mean loss multiplied by its
 /// loss_weights() weight, so that the gradients ADD UP in .grad to those of the whole window. Neither zeroes
 /// nor steps. Returns the window's loss, detached. Errors: an empty window ("empty window"), a micro-batch
-/// whose input and target differ in items or that has no item (micro-batch i "is empty"), a loss that is not
-/// a scalar.
+/// whose input and target differ in items ("mismatched sizes") or that has no item (micro-batch i "is empty"),
+/// a loss that is not a scalar.
 at::Tensor accumulate_window(const std::vector<MicroBatch>& window, const LossFn& loss_fn,
                              Normalization normalization = Normalization::kByItems);
 
@@ -115,7 +116,7 @@ struct Plan {
 
 /// Step 4. The largest micro-batch m <= effective_batch whose predicted peak (model) fits `budget_bytes`,
 /// and K = ceil(effective_batch / m): the effective batch stays, the micro-batch shrinks to fit. Errors:
-/// effective_batch <= 0, budget_bytes <= 0, a budget too small for even one item.
+/// effective_batch <= 0, budget_bytes <= 0, a budget that "does not fit even one item".
 Plan plan_micro_batch(const MemoryModel& model, int64_t effective_batch, double budget_bytes);
 
 }  // namespace accum
