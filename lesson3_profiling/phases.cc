@@ -12,17 +12,16 @@ namespace prof {
 
 // [range_open]
 ScopedRange::ScopedRange(std::string name) : name_(std::move(name)) {
-  // TODO(lesson3, step 2): Reject an empty name (message with "empty"). Make an at::RecordFunction with
-  // at::RecordScope::USER_SCOPE; if it isActive(), call before(name_) and keep it in record_. Then, where
-  // workshop::compat::nvtx_available(), push an NVTX range and remember it in nvtx_open_.
+  // TODO(lesson3, step 2): Reject an empty name; open an at::RecordFunction (USER_SCOPE) and keep it in record_ only if
+  // it isActive(); push an NVTX range where available (about 10 lines)
   TORCH_CHECK(false, "TODO(lesson3, step 2): ScopedRange is not implemented yet");
 }
 // [range_open]
 
 // [range_close]
 ScopedRange::~ScopedRange() {
-  // TODO(lesson3, step 2): Pop the NVTX range if one was pushed, then end the RecordFunction (reset record_).
-  // A destructor must not throw.
+  // TODO(lesson3, step 2): Pop the NVTX range if one was pushed, then end the RecordFunction (reset record_); never
+  // throw (about 2 lines)
 }
 // [range_close]
 

@@ -15,48 +15,42 @@ namespace prof {
 
 // [attribute]
 void attribute(std::vector<Event>& events) {
-  // TODO(lesson3, step 3): An error for an empty list (message with "empty profile"). Walk the events in
-  // order with one stack of open events per thread: pop the events that end before this one ends; the top is
-  // the parent. Set parent, depth (stack size), self_us (total minus the children's totals) and phase (the
-  // event itself if is_phase_label(), else the parent's phase, else ""). Then device_us: the event's own
-  // self_device_us plus its children's device_us (children come after their parent: walk backwards).
+  // TODO(lesson3, step 3): Reject an empty list; nest the events with one stack per thread to fill parent, depth,
+  // self_us and phase, then sum device_us up the tree (about 25 lines)
   TORCH_CHECK(false, "TODO(lesson3, step 3): attribute() is not implemented yet");
 }
 // [attribute]
 
 // [table]
 std::vector<Row> Profile::table() const {
-  // TODO(lesson3, step 3): An error for an empty profile. Sum calls, total_us, self_us, device_us,
-  // self_device_us and bytes (the events' self_bytes) per event name; share = total_us / wall_us(). Sort
-  // largest first, ties by name: by device_us if has_device_time() (a GPU profile), else by total_us.
+  // TODO(lesson3, step 3): Reject an empty profile; sum each column per event name, share = total_us / wall_us(); sort
+  // largest first, by device_us in a profile with device time, else by total_us (about 25 lines)
   TORCH_CHECK(false, "TODO(lesson3, step 3): Profile::table() is not implemented yet");
 }
 // [table]
 
 // [trace]
 void Profile::write_chrome_trace(const std::string& path) const {
-  // TODO(lesson3, step 3): Open `path` (an error naming it if that fails) and write
-  // {"traceEvents": [{"name": ..., "ph": "X", "ts": start_us, "dur": total_us(), "pid": 0, "tid": thread}, ...]}
-  // with every name JSON-escaped (at least " and \ and control characters); ts and dur in microseconds. Then
-  // one such event per kernel of kernels(), with "pid": 1 and "tid": its stream.
+  // TODO(lesson3, step 3): Write {"traceEvents": [...]}: one "X" event per range (pid 0, tid its thread), then one per
+  // kernel (pid 1, tid its stream), names JSON-escaped (about 45 lines)
   TORCH_CHECK(false, "TODO(lesson3, step 3): Profile::write_chrome_trace() is not implemented yet");
 }
 // [trace]
 
 // [profiler]
 Profiler::~Profiler() {
-  // TODO(lesson3, step 3): If still recording, stop_recording() and drop the result. Never throw.
+  // TODO(lesson3, step 3): If still recording, stop_recording() and drop the result; never throw (about 6 lines)
 }
 
 void Profiler::start() {
-  // TODO(lesson3, step 3): An error (message with "already profiling") if this profiler or any other is
-  // recording (recording_active()). Then start_recording().
+  // TODO(lesson3, step 3): Refuse to start while this or any other profiler records (recording_active()); then
+  // start_recording() (about 4 lines)
   TORCH_CHECK(false, "TODO(lesson3, step 3): Profiler::start() is not implemented yet");
 }
 
 Profile Profiler::stop() {
-  // TODO(lesson3, step 3): An error (message with "not profiling") unless start() ran. stop_recording(&kernels);
-  // an error (message with "empty profile") if no event was recorded; return Profile(events, kernels).
+  // TODO(lesson3, step 3): Refuse to stop unless start() ran; stop_recording(&kernels), refuse an empty profile, return
+  // Profile(events, kernels) (about 6 lines)
   TORCH_CHECK(false, "TODO(lesson3, step 3): Profiler::stop() is not implemented yet");
 }
 // [profiler]

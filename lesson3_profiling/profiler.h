@@ -143,8 +143,9 @@ class Profile {
 };
 
 /// Step 3. Records a profile of the work run between start() and stop(). One recording at a time per
-/// thread: start() is an error while this or any other profiler records; stop() is an error when this one
-/// is not recording. The destructor stops a recording that is still running and drops it.
+/// thread: start() is an error ("already profiling") while this or any other profiler records; stop() is an
+/// error ("not profiling") when this one is not recording, and ("empty profile") when nothing was recorded.
+/// The destructor stops a recording that is still running and drops it.
 class Profiler {
  public:
   Profiler() = default;
