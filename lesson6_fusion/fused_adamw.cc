@@ -62,14 +62,19 @@ void check_adamw_args(const at::Tensor& param, const at::Tensor& grad, const at:
 
 void fused_adamw_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
                      double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                     const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
+                     const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+                     const c10::optional<at::Tensor>& state_step) {
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
-  check_adamw_args(param, grad, exp_avg, exp_avg_sq, hyper, step);
-  ScalerGate gate;  // step 5's scaler, only when the caller passed it
-  const bool scaler = is_given(grad_scale) || is_given(found_inf);
-  if (scaler) gate = scaler_gate_cpu("fused_adamw_", param, grad_scale, found_inf);
-  if (gate.skip) return;
-  adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, step, gate.grad_multiplier);
+  const bool counted = is_given(state_step);  // step 5: the step's number is state_step + 1, so at least 1
+  check_adamw_args(param, grad, exp_avg, exp_avg_sq, hyper, counted ? 1 : step);
+  ScalerGate gate;  // step 5's scaler and counter, only when the caller passed one
+  gate.step = step;
+  if (is_given(grad_scale) || is_given(found_inf) || counted) {
+    gate = scaler_gate_cpu("fused_adamw_", param.device(), step, grad_scale, found_inf, state_step);
+  }
+  if (gate.skip) return;  // a skipped step writes nothing, and does not count
+  adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, gate.step, gate.grad_multiplier);
+  if (counted) *state_step->data_ptr<float>() += 1.0f;
 }
 
 }  // namespace fusion
@@ -108,14 +113,21 @@ void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::
 void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
                            double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                           const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
+                           const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+                           const c10::optional<at::Tensor>& state_step) {
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
-  check_adamw_multi_args(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
-  ScalerGate gate;  // step 5's scaler, only when the caller passed it (and there is a parameter to hold it to)
-  const bool scaler = is_given(grad_scale) || is_given(found_inf);
-  if (scaler && !params.empty()) gate = scaler_gate_cpu("fused_adamw_multi_", params[0], grad_scale, found_inf);
-  if (gate.skip) return;
-  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, step, gate.grad_multiplier);
+  const bool counted = is_given(state_step);  // step 5: the step's number is state_step + 1, so at least 1
+  check_adamw_multi_args(params, grads, exp_avgs, exp_avg_sqs, hyper, counted ? 1 : step);
+  ScalerGate gate;  // step 5's scaler and counter, only when the caller passed one
+  gate.step = step;
+  if (is_given(grad_scale) || is_given(found_inf) || counted) {
+    // Held to tuple 0's device (step 4 checked that every tuple is on it); an empty list runs here, on the CPU.
+    const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params[0].device();
+    gate = scaler_gate_cpu("fused_adamw_multi_", device, step, grad_scale, found_inf, state_step);
+  }
+  if (gate.skip) return;  // a skipped step writes nothing, and does not count
+  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, gate.step, gate.grad_multiplier);
+  if (counted) *state_step->data_ptr<float>() += 1.0f;
 }
 
 }  // namespace fusion
@@ -153,18 +165,18 @@ void fused_unscale_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, c
 }
 
 // [scaler_gate]
-void check_scaler_args(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
-                       const c10::optional<at::Tensor>& found_inf) {
-  // TODO(lesson6, step 5): The rules of fused_adamw.h for each of the two that is_given() (given code), grad_scale
-  // first: one element of float32, then on param's device. Each message starts with `op`.
+void check_scaler_args(const char* op, c10::Device device, int64_t step, const c10::optional<at::Tensor>& grad_scale,
+                       const c10::optional<at::Tensor>& found_inf, const c10::optional<at::Tensor>& state_step) {
+  // TODO(lesson6, step 5): fused_adamw.h's rules for each of grad_scale, found_inf, state_step that is_given(), in
+  // that order, then step 0 with state_step; messages starting with `op` (about 15 lines).
   TORCH_CHECK(false, "TODO(lesson6, step 5): check_scaler_args() is not implemented yet");
 }
 
-ScalerGate scaler_gate_cpu(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
-                           const c10::optional<at::Tensor>& found_inf) {
-  // TODO(lesson6, step 5): check_scaler_args(); then skip if found_inf is given and its value is not 0 (read it
-  // with data_ptr<float>(): it is on the CPU here); else, with grad_scale given, refuse a scale that is not finite
-  // or not > 0 and return the multiplier as GradScaler computes its inverse: float(1.0 / double(scale)).
+ScalerGate scaler_gate_cpu(const char* op, c10::Device device, int64_t step,
+                           const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+                           const c10::optional<at::Tensor>& state_step) {
+  // TODO(lesson6, step 5): check_scaler_args(); skip when found_inf is given and not 0; else the step's number from
+  // state_step, then the scale's rules and multiplier float(1.0 / double(scale)) (about 20 lines).
   TORCH_CHECK(false, "TODO(lesson6, step 5): scaler_gate_cpu() is not implemented yet");
 }
 // [scaler_gate]

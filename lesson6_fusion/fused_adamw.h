@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Optional.h>
@@ -82,6 +83,7 @@ void set_cpu_isa(CpuIsa isa);
 /// Given. "baseline" or "avx2".
 const char* cpu_isa_name(CpuIsa isa);
 
+
 /// Step 3. Rejects every input the kernel cannot handle, with a c10::Error whose message starts
 /// "fused_adamw_: " and names the problem:
 ///   "param is undefined", "grad is undefined", "exp_avg is undefined", "exp_avg_sq is undefined"
@@ -104,11 +106,14 @@ void check_adamw_args(const at::Tensor& param, const at::Tensor& grad, const at:
                       const at::Tensor& exp_avg_sq, const AdamWHyper& hyper, int64_t step);
 
 /// Step 3. The CPU kernel of the operator workshop::fused_adamw_: check_adamw_args(), then adamw_kernel_cpu().
-/// Registered with TORCH_LIBRARY / TORCH_LIBRARY_IMPL in the lesson's .cc. The keyword-only grad_scale and
-/// found_inf (step 5) go to scaler_gate_cpu() when either is given (given code: nothing to write for them in step 3).
+/// Registered with TORCH_LIBRARY / TORCH_LIBRARY_IMPL in the lesson's .cc. The keyword-only grad_scale, found_inf
+/// and state_step (step 5) go to scaler_gate_cpu() when one is given (given code: nothing to write for them in
+/// step 3); with state_step it is checked as the step's number, state_step + 1 (at least 1), and advanced by 1
+/// after a step that was not skipped.
 void fused_adamw_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
                      double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                     const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf);
+                     const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+                     const c10::optional<at::Tensor>& state_step);
 
 /// Step 4. The multi-tensor kernel: one AdamW step for every tuple (params[i], grads[i], exp_avgs[i],
 /// exp_avg_sqs[i]) in ONE at::parallel_for over all their elements together, instead of one parallel region per
@@ -121,6 +126,9 @@ void adamw_multi_kernel_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::
 
 /// Step 4. The checks of the multi-tensor operator, each a c10::Error whose message starts
 /// "fused_adamw_multi_: ":
+///   "fused_adamw_multi_: step must be >= 1, got 0"    (first, also for empty lists: check_adamw_args()'s rules
+///                                                      on the step and the hyper-parameters, in its order, with
+///                                                      this prefix: "lr must be >= 0", ... "beta2 must be in [0, 1)")
 ///   "the lists must have one length"                  (with the four lengths)
 ///   "tensor 2: fused_adamw_: grad is not contiguous"  (check_adamw_args() of each tuple, with its index)
 ///   "all tensors must be on one device"               (tuples on different devices, e.g. "tensor 2 is on meta,
@@ -132,11 +140,13 @@ void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::
                             const AdamWHyper& hyper, int64_t step);
 
 /// Step 4. The CPU kernel of workshop::fused_adamw_multi_: check_adamw_multi_args(), then adamw_multi_kernel_cpu()
-/// (grad_scale and found_inf as in fused_adamw_cpu(), checked against tuple 0's parameter).
+/// (grad_scale, found_inf and state_step as in fused_adamw_cpu(), one state_step for the whole list, held to the
+/// device of tuple 0, or to the CPU for empty lists).
 void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
                            double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                           const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf);
+                           const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+                           const c10::optional<at::Tensor>& state_step);
 
 /// Step 5. The fused unscale + non-finite check of lesson 1's GradScaler, as ATen's
 /// `_amp_foreach_non_finite_check_and_unscale_` computes it: multiplies every element of every gradient in
@@ -164,10 +174,12 @@ void check_unscale_args(c10::ArrayRef<at::Tensor> grads, const at::Tensor& found
 void fused_unscale_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
 
 /// Step 5. What the AdamW operators do with the scaler's tensors (their keyword-only grad_scale and found_inf,
-/// as ATen's `_fused_adamw_` takes them): skip the whole update, or unscale each gradient inside the one pass.
+/// as ATen's `_fused_adamw_` takes them, and state_step): skip the whole update, or unscale each gradient inside
+/// the one pass, with the step's number counted where the tensors are.
 struct ScalerGate {
   bool skip = false;             ///< found_inf was given and is not 0: write nothing
   float grad_multiplier = 1.0f;  ///< float(1 / double(grad_scale)), 1 without grad_scale
+  int64_t step = 0;              ///< the step's number: state_step's value + 1, or `step` without state_step
 };
 
 /// Given. Whether an optional tensor argument was given: present and defined (an undefined tensor counts as not
@@ -175,34 +187,45 @@ struct ScalerGate {
 bool is_given(const c10::optional<at::Tensor>& t);
 
 /// Step 5. The rules for the scaler's tensors of `op` ("fused_adamw_" or "fused_adamw_multi_"), each given one
-/// (an undefined tensor counts as not given) in this order, grad_scale first, a c10::Error whose message starts
-/// "<op>: " and ends with what it got:
-///   "grad_scale must be a one-element float32 tensor"     ("found_inf must be ...")
-///   "grad_scale is not on param's device (cpu)"           ("found_inf is not on param's device (cpu)")
-/// On every device: the CUDA kernel reads both on the GPU (given_cuda.cc checks with this, then passes pointers).
-void check_scaler_args(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
-                       const c10::optional<at::Tensor>& found_inf);
+/// (an undefined tensor counts as not given) in this order, grad_scale, found_inf, state_step, a c10::Error whose
+/// message starts "<op>: " and ends with what it got:
+///   "grad_scale must be a one-element float32 tensor"     ("found_inf must be a one-element float32 tensor",
+///                                                          "state_step must be a one-element float32 tensor")
+///   "grad_scale is not on param's device (cpu)"           (`device`: the parameters'; "found_inf is not ...",
+///                                                          "state_step is not on param's device (cpu), got meta")
+/// and then, with state_step given, the operator's `step` must be 0 (the step's number is state_step + 1):
+///   "step must be 0 when state_step is given, got 3"
+/// On every device: the CUDA kernel reads the three on the GPU (given_cuda.cc checks with this, then passes
+/// pointers).
+void check_scaler_args(const char* op, c10::Device device, int64_t step, const c10::optional<at::Tensor>& grad_scale,
+                       const c10::optional<at::Tensor>& found_inf, const c10::optional<at::Tensor>& state_step);
 
-/// Step 5. On the CPU: check_scaler_args(), then read the two values on the host. skip when found_inf is not 0
+/// Step 5. On the CPU: check_scaler_args(), then read the values on the host. skip when found_inf is not 0
 /// (ATen skips only when it is exactly 1; here any flag counts, e.g. one summed over several ranks);
 /// grad_multiplier = float(1.0 / double(grad_scale)), the inverse GradScaler::unscale_ multiplies by, so that the
-/// one pass equals unscaling first and then stepping, bit for bit. One more rule, read on the host:
+/// one pass equals unscaling first and then stepping, bit for bit; step = state_step's value + 1 with state_step
+/// (the steps taken so far, a float32 as ATen's fused optimizers keep their state_steps), else `step`. More rules,
+/// read on the host:
 ///   "<op>: grad_scale must be finite and > 0, got 0"
-/// (a skipped step does not look at grad_scale).
-ScalerGate scaler_gate_cpu(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
-                           const c10::optional<at::Tensor>& found_inf);
+///   "<op>: grad_scale's inverse must be finite"   (a positive subnormal scale, 1e-40: 1 / scale overflows float32)
+///   "<op>: state_step must hold a whole number in [0, 2^24), got 2.5"   (float32 counts exactly up to 2^24)
+/// (a skipped step looks at neither grad_scale nor state_step's value). The operator, not the gate, adds 1 to
+/// state_step after the update.
+ScalerGate scaler_gate_cpu(const char* op, c10::Device device, int64_t step,
+                           const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+                           const c10::optional<at::Tensor>& state_step);
 
 /// The operators' names and schemas (what TORCH_LIBRARY and, in step 4, TORCH_LIBRARY_FRAGMENT must define).
 constexpr const char* kOpName = "workshop::fused_adamw_";
 constexpr const char* kOpSchema =
     "fused_adamw_(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, float lr, "
     "float beta1, float beta2, float eps, float weight_decay, int step, *, Tensor? grad_scale=None, "
-    "Tensor? found_inf=None) -> ()";
+    "Tensor? found_inf=None, Tensor(d!)? state_step=None) -> ()";
 constexpr const char* kMultiOpName = "workshop::fused_adamw_multi_";
 constexpr const char* kMultiOpSchema =
     "fused_adamw_multi_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
     "float lr, float beta1, float beta2, float eps, float weight_decay, int step, *, Tensor? grad_scale=None, "
-    "Tensor? found_inf=None) -> ()";
+    "Tensor? found_inf=None, Tensor(d!)? state_step=None) -> ()";
 /// The schema of ATen's `_amp_foreach_non_finite_check_and_unscale_`, under the workshop's name: lesson 1's
 /// GradScaler finds it by this name (amp::unscale_grads_fused) wherever this lesson is linked in.
 constexpr const char* kUnscaleOpName = "workshop::fused_unscale_";
@@ -213,6 +236,10 @@ constexpr const char* kUnscaleOpSchema =
 
 /// Calls workshop::fused_adamw_ through the dispatcher, found by name (c10::Dispatcher::findSchemaOrThrow), as
 /// any LibTorch user would. Throws c10::Error when the operator is not registered.
+/// The operators bump the version counter of every tensor they write (the schema's (a!) arguments), as torch's
+/// in-place ops do (given code: an ADInplaceOrView kernel), so an autograd graph that saved a parameter refuses to
+/// run backward after the step ("one of the variables needed for gradient computation has been modified by an
+/// inplace operation") instead of using the updated values.
 void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                   const AdamWHyper& hyper, int64_t step);
 
@@ -222,7 +249,14 @@ void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
                   const AdamWHyper& hyper, int64_t step, const c10::optional<at::Tensor>& grad_scale,
                   const c10::optional<at::Tensor>& found_inf);
 
-/// Calls workshop::fused_adamw_multi_ through the dispatcher, found by name.
+/// The same with step 5's counter too, state_step: pass step 0, the operator counts the steps taken in it.
+void fused_adamw_(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                  const AdamWHyper& hyper, int64_t step, const c10::optional<at::Tensor>& grad_scale,
+                  const c10::optional<at::Tensor>& found_inf, const c10::optional<at::Tensor>& state_step);
+
+/// Calls workshop::fused_adamw_multi_ through the dispatcher, found by name. With no tensor at all (empty lists,
+/// no scaler tensor) the dispatcher has no device to choose a kernel by: the CPU kernel runs (its checks, and
+/// nothing to update).
 void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                         const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                         const AdamWHyper& hyper, int64_t step);
@@ -232,6 +266,12 @@ void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector
                         const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                         const AdamWHyper& hyper, int64_t step, const c10::optional<at::Tensor>& grad_scale,
                         const c10::optional<at::Tensor>& found_inf);
+
+/// The same with step 5's counter too: one state_step for the whole list.
+void fused_adamw_multi_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                        const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                        const AdamWHyper& hyper, int64_t step, const c10::optional<at::Tensor>& grad_scale,
+                        const c10::optional<at::Tensor>& found_inf, const c10::optional<at::Tensor>& state_step);
 
 /// Calls workshop::fused_unscale_ through the dispatcher, found by name.
 void fused_unscale_(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale);

@@ -14,7 +14,7 @@ namespace cuda {
 // [cuda_kernel]
 const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_avg, float* exp_avg_sq, int64_t numel,
                          const AdamWHyper& hyper, int64_t step, const Target& target, const float* grad_scale,
-                         const float* found_inf) {
+                         const float* found_inf, float* state_step) {
   // TODO(lesson6, step 6): Step 2's scalars, on the host, in double, then cast to float. A kernel templated on the
   // element type (float, __nv_bfloat16, __half) and a pack width kWidth, written as a struct whose
   // `__host__ __device__ void operator()(Thread thread, ...) const` is the body of one thread (grid.h): a
@@ -31,8 +31,8 @@ const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_
 // [cuda_kernel]
 
 // [cuda_multi]
-const char* launch_adamw_multi(Dtype dtype, const TensorPointers* tensors, int64_t count, const AdamWHyper& hyper,
-                               int64_t step, const Target& target, const float* grad_scale, const float* found_inf,
+const char* launch_adamw_multi(const TensorPointers* tensors, int64_t count, const AdamWHyper& hyper, int64_t step,
+                               const Target& target, const float* grad_scale, const float* found_inf, float* state_step,
                                int64_t* launches) {
   // TODO(lesson6, step 6): ATen's multi_tensor_apply: a kernel argument (a struct passed by value) with the
   // pointers of up to kMaxTensorsPerLaunch tensors and, for each of up to kMaxBlocksPerLaunch blocks, which tensor
@@ -47,8 +47,8 @@ const char* launch_adamw_multi(Dtype dtype, const TensorPointers* tensors, int64
 // [cuda_multi]
 
 // [cuda_unscale]
-const char* launch_unscale(Dtype dtype, void* grad, int64_t numel, float* found_inf, const float* inv_scale,
-                           const Target& target) {
+const char* launch_unscale(const GradPointer* grads, int64_t count, float* found_inf, const float* inv_scale,
+                           const Target& target, int64_t* launches) {
   // TODO(lesson6, step 6): Step 5 as a kernel, for one gradient: the same grid-stride loop and packs; read
   // *inv_scale in the kernel (on a GPU it is device memory), note !isfinite(x) of the value as read, multiply
   // unless inv_scale is 1, and let a thread that saw inf or NaN store 1.0f into *found_inf (all such stores

@@ -30,6 +30,35 @@ TEST_CASE("[step3] called through the dispatcher the operator gives the kernel's
   CHECK(leaf.detach().ne(start).all().item<bool>());
 }
 
+TEST_CASE(
+    "[step3] the operator bumps the versions of what it writes: a graph that saved the parameter refuses backward") {
+  // As torch's in-place ops (and torch::optim::AdamW's step, made of them) do: the graph below saved w for mul's
+  // backward, so running it after the step would use the updated values where the forward pass used the old ones.
+  torch::manual_seed(10);
+  torch::Tensor w = torch::randn({100}).requires_grad_(true);
+  const torch::Tensor loss = (w * w).sum();
+  State s = make_state(w);
+  const torch::Tensor grad = torch::randn({100});
+  const int64_t before[] = {w._version(), s.exp_avg._version(), s.exp_avg_sq._version(), grad._version()};
+  fusion::fused_adamw_(s.param, grad, s.exp_avg, s.exp_avg_sq, fusion::AdamWHyper{}, 1);
+  CHECK(w._version() > before[0]);
+  CHECK(s.exp_avg._version() > before[1]);
+  CHECK(s.exp_avg_sq._version() > before[2]);
+  CHECK(grad._version() == before[3]);  // only read
+  CHECK_THROWS_WITH_AS(loss.backward(), Contains("modified by an inplace operation"), c10::Error);
+  // torch::optim::AdamW refuses the same graph the same way.
+  torch::Tensor w2 = w.detach().clone().requires_grad_(true);
+  const torch::Tensor loss2 = (w2 * w2).sum();
+  torch::optim::AdamW optimizer({w2}, fusion::adamw_options(fusion::AdamWHyper{}));
+  w2.mutable_grad() = grad.clone();
+  optimizer.step();
+  CHECK_THROWS_WITH_AS(loss2.backward(), Contains("modified by an inplace operation"), c10::Error);
+  // A refused call wrote nothing, and bumps nothing.
+  const int64_t after = w._version();
+  CHECK_THROWS(fusion::fused_adamw_(s.param, grad, s.exp_avg, s.exp_avg_sq, fusion::AdamWHyper{}, 0));
+  CHECK(w._version() == after);
+}
+
 TEST_CASE("[step3] empty tensors are accepted and nothing happens") {
   State s = make_state(torch::empty({0}));
   fusion::fused_adamw_(s.param, torch::empty({0}), s.exp_avg, s.exp_avg_sq, fusion::AdamWHyper{}, 1);

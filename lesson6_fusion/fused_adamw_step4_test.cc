@@ -48,10 +48,39 @@ TEST_CASE("[step4] the dispatcher finds workshop::fused_adamw_multi_, and empty 
   CHECK(schema.str().find("workshop::fused_adamw_multi_(Tensor(a!)[] params, Tensor[] grads") == 0);
   CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU));
   const std::vector<torch::Tensor> none;
-  CHECK_NOTHROW(fusion::fused_adamw_multi_(none, none, none, none, fusion::AdamWHyper{}, 1));  // given.cc returns
+  CHECK_NOTHROW(fusion::fused_adamw_multi_(none, none, none, none, fusion::AdamWHyper{}, 1));  // nothing to update
   const std::vector<torch::Tensor> empty = {torch::empty({0}), torch::empty({2, 0})};
   CHECK_NOTHROW(fusion::fused_adamw_multi_(empty, empty, {torch::zeros({0}), torch::zeros({2, 0})},
                                            {torch::zeros({0}), torch::zeros({2, 0})}, fusion::AdamWHyper{}, 1));
+}
+
+TEST_CASE("[step4] an empty list gets the single operator's checks of the step and the hyper-parameters") {
+  // Nothing to update is no reason to accept what a call with one tuple refuses (issue 43).
+  const std::vector<torch::Tensor> none;
+  const auto with = [](void (*change)(fusion::AdamWHyper&)) {
+    fusion::AdamWHyper h;
+    change(h);
+    return h;
+  };
+  const auto check = [&](const fusion::AdamWHyper& h, int64_t step, const char* message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(none, none, none, none, h, step), Contains(message), c10::Error);
+    // ... and through the CPU kernel, as the dispatcher calls it (no tensor: given.cc calls it directly too).
+    CHECK_THROWS_WITH_AS(fusion::check_adamw_multi_args(none, none, none, none, h, step), Contains(message),
+                         c10::Error);
+  };
+  check(fusion::AdamWHyper{}, 0, "fused_adamw_multi_: step must be >= 1, got 0");
+  check(fusion::AdamWHyper{}, -3, "fused_adamw_multi_: step must be >= 1, got -3");
+  check(with([](fusion::AdamWHyper& h) { h.lr = std::nan(""); }), 1, "lr must be >= 0");
+  check(with([](fusion::AdamWHyper& h) { h.eps = -1; }), 1, "eps must be >= 0");
+  check(with([](fusion::AdamWHyper& h) { h.weight_decay = -1; }), 1, "weight_decay must be >= 0");
+  check(with([](fusion::AdamWHyper& h) { h.beta1 = 1; }), 1, "beta1 must be in [0, 1)");
+  check(with([](fusion::AdamWHyper& h) { h.beta2 = -0.1; }), 1, "beta2 must be in [0, 1)");
+  // A list with tuples: the same messages, checked before the tuples (so also when one tuple is bad as well).
+  Lists l = make_lists(16);
+  CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, fusion::AdamWHyper{},
+                                                  0),
+                       Contains("fused_adamw_multi_: step must be >= 1, got 0"), c10::Error);
 }
 
 TEST_CASE("[step4] bad lists give their named errors, and nothing is written") {
@@ -97,6 +126,27 @@ TEST_CASE("[step4] bad lists give their named errors, and nothing is written") {
                          Contains("all tensors must be on one device"), c10::Error);
   }
   for (const torch::Tensor& m : l.exp_avgs) CHECK(m.abs().sum().item<float>() == 0.0f);
+}
+
+TEST_CASE("[step4] the multi-tensor operator bumps the versions of the tensors it writes") {
+  Lists l = make_lists(18);
+  std::vector<int64_t> before;
+  for (const auto* list : {&l.params, &l.grads, &l.exp_avgs, &l.exp_avg_sqs}) {
+    for (const torch::Tensor& t : *list) before.push_back(t._version());
+  }
+  fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, hyper_with(1e-2, 0.1), 1);
+  size_t k = 0;
+  for (const auto* list : {&l.params, &l.grads, &l.exp_avgs, &l.exp_avg_sqs}) {
+    for (const torch::Tensor& t : *list) {
+      CAPTURE(k);
+      if (list == &l.grads) {
+        CHECK(t._version() == before[k]);  // only read
+      } else {
+        CHECK(t._version() > before[k]);
+      }
+      ++k;
+    }
+  }
 }
 
 TEST_CASE("[step4] on 4 ATen threads the whole list is one parallel region, with the one-thread bits") {
@@ -170,14 +220,17 @@ TEST_CASE("[step4] both AdamW operators take grad_scale and found_inf as ATen's 
     CAPTURE(name);
     const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
     const auto& args = op.schema().arguments();
-    REQUIRE(args.size() == 12);
+    REQUIRE(args.size() == 13);
     CHECK(args[9].name() == "step");
     CHECK_FALSE(args[9].kwarg_only());
-    for (size_t i : {10, 11}) {
+    const char* names[] = {"grad_scale", "found_inf", "state_step"};
+    for (size_t i : {10, 11, 12}) {
       CAPTURE(i);
-      CHECK(args[i].name() == (i == 10 ? "grad_scale" : "found_inf"));
+      CHECK(args[i].name() == names[i - 10]);
       CHECK(args[i].kwarg_only());
       CHECK(args[i].type()->str() == "Tensor?");
+      // Written: state_step only (the counter the operator advances).
+      CHECK((args[i].alias_info() != nullptr && args[i].alias_info()->isWrite()) == (i == 12));
     }
   }
 }

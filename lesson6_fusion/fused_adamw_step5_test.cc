@@ -137,6 +137,26 @@ TEST_CASE("[step5] bad inputs give their named errors, and nothing is written") 
   CHECK(found_inf.item<float>() == 0.0f);
 }
 
+TEST_CASE("[step5] the unscale bumps the versions of the gradients and of found_inf; a counted step, state_step's") {
+  std::vector<torch::Tensor> grads = scaled_grads(26);
+  torch::Tensor found_inf = torch::zeros({1});
+  const torch::Tensor inv_scale = torch::full({1}, 0.5f);
+  std::vector<int64_t> before;
+  for (const torch::Tensor& g : grads) before.push_back(g._version());
+  const int64_t found_before = found_inf._version(), inv_before = inv_scale._version();
+  fusion::fused_unscale_(grads, found_inf, inv_scale);
+  for (size_t i = 0; i < grads.size(); ++i) CHECK(grads[i]._version() > before[i]);
+  CHECK(found_inf._version() > found_before);
+  CHECK(inv_scale._version() == inv_before);  // only read
+  State s = make_state(torch::randn({10}));
+  torch::Tensor count = torch::zeros({1}), scale = torch::ones({1});
+  const int64_t count_before = count._version(), scale_before = scale._version();
+  fusion::fused_adamw_(s.param, torch::randn({10}), s.exp_avg, s.exp_avg_sq, fusion::AdamWHyper{}, 0, scale,
+                       torch::zeros({1}), count);
+  CHECK(count._version() > count_before);
+  CHECK(scale._version() == scale_before);
+}
+
 TEST_CASE("[step5] lesson 1's GradScaler takes its fused path through workshop::fused_unscale_") {
   REQUIRE(amp::fused_unscale_kernel(c10::DeviceType::CPU) == fusion::kUnscaleOpName);
   // The same training steps with the fused path and with lesson 1's plain tensor ops: the same parameters, the
@@ -339,6 +359,127 @@ TEST_CASE("[step5] a found_inf that is not 0 skips the step: nothing written, in
   }
 }
 
+TEST_CASE("[step5] a skipped step does not count: state_step, no host read of found_inf, the unscaled steps") {
+  // A caller that never reads found_inf (the point of passing it to the step) cannot know the step's number: the
+  // operators count the steps taken in state_step, and a skipped one does not count (as ATen's optimizer keeps its
+  // state_steps on the device). Against the same operators on the unscaled gradients of the steps taken only.
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  const std::vector<float> flags = {0, 1, 0, 1, 1, 0, 0, 2, 0};
+  const float scale = 1024.0f;
+  torch::manual_seed(33);
+  State scaled = make_state(torch::randn({5001}));
+  State reference = copy_of(scaled);
+  std::vector<torch::Tensor> multi_params = {scaled.param.clone(), torch::randn({7}).to(torch::kBFloat16)};
+  std::vector<torch::Tensor> multi_m = {torch::zeros({5001}), torch::zeros({7})}, multi_v = clones(multi_m);
+  std::vector<torch::Tensor> ref_params = clones(multi_params), ref_m = clones(multi_m), ref_v = clones(multi_v);
+  torch::Tensor state_step = torch::zeros({1}), multi_state_step = torch::zeros({1});
+  int64_t taken = 0;
+  for (float flag : flags) {
+    CAPTURE(taken);
+    CAPTURE(flag);
+    const torch::Tensor grad = torch::randn({5001}) * scale;
+    const torch::Tensor grad16 = (torch::randn({7}) * scale).to(torch::kBFloat16);
+    fusion::fused_adamw_(scaled.param, grad, scaled.exp_avg, scaled.exp_avg_sq, hyper, 0, torch::full({1}, scale),
+                         torch::full({1}, flag), state_step);
+    fusion::fused_adamw_multi_(multi_params, {grad, grad16}, multi_m, multi_v, hyper, 0, torch::full({1}, scale),
+                               torch::full({1}, flag), multi_state_step);
+    if (flag == 0) {  // the reference steps only when nothing overflowed, on the unscaled gradient
+      ++taken;
+      const torch::Tensor unscaled = grad * inverse_of(scale);
+      const torch::Tensor unscaled16 = (grad16.to(torch::kFloat) * inverse_of(scale)).to(torch::kBFloat16);  // exact
+      fusion::fused_adamw_(reference.param, unscaled, reference.exp_avg, reference.exp_avg_sq, hyper, taken);
+      fusion::fused_adamw_multi_(ref_params, {unscaled, unscaled16}, ref_m, ref_v, hyper, taken);
+    }
+    CHECK(state_step.item<float>() == static_cast<float>(taken));
+    CHECK(multi_state_step.item<float>() == static_cast<float>(taken));
+    CHECK(same_state(scaled, reference));
+    for (size_t i = 0; i < multi_params.size(); ++i) {
+      CHECK(torch::equal(multi_params[i], ref_params[i]));
+      CHECK(torch::equal(multi_m[i], ref_m[i]));
+      CHECK(torch::equal(multi_v[i], ref_v[i]));
+    }
+  }
+  // Without grad_scale and found_inf, state_step alone counts every step: the host-counted operator's bits.
+  State alone = make_state(torch::randn({100})), host = copy_of(alone);
+  torch::Tensor count = torch::full({1}, 41.0f);  // resumed: 41 steps taken before
+  for (int64_t step = 42; step <= 44; ++step) {
+    const torch::Tensor grad = torch::randn({100});
+    fusion::fused_adamw_(alone.param, grad, alone.exp_avg, alone.exp_avg_sq, hyper, 0, c10::nullopt, c10::nullopt,
+                         count);
+    fusion::fused_adamw_(host.param, grad, host.exp_avg, host.exp_avg_sq, hyper, step);
+    CHECK(same_state(alone, host));
+  }
+  CHECK(count.item<float>() == 44.0f);
+}
+
+TEST_CASE("[step5] state_step's rules: a one-element float32 tensor beside the parameters, a whole count, step 0") {
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  struct Bad {
+    std::string what;
+    torch::Tensor state_step;
+    int64_t step;
+    std::string message;  // after the operator's name
+  };
+  const std::vector<Bad> cases = {
+      {"two elements", torch::zeros({2}), 0, "state_step must be a one-element float32 tensor, got 2"},
+      {"int64", torch::zeros({1}, torch::kLong), 0, "state_step must be a one-element float32 tensor"},
+      {"a host step beside it", torch::zeros({1}), 3, "step must be 0 when state_step is given, got 3"},
+      {"a negative host step beside it", torch::zeros({1}), -1, "step must be 0 when state_step is given, got -1"},
+      {"a fraction", torch::full({1}, 2.5f), 0, "state_step must hold a whole number in [0, 2^24), got 2.5"},
+      {"below 0", torch::full({1}, -1.0f), 0, "state_step must hold a whole number in [0, 2^24), got -1"},
+      {"NaN", torch::full({1}, NAN), 0, "state_step must hold a whole number"},
+      {"2^24: one more would not count", torch::full({1}, 16777216.0f), 0, "state_step must hold a whole number"},
+  };
+  for (const Bad& bad : cases) {
+    CAPTURE(bad.what);
+    torch::manual_seed(38);
+    State s = make_state(torch::randn({100}));
+    const State before = copy_of(s);
+    const torch::Tensor grad = torch::randn({100});
+    const torch::Tensor count_before = bad.state_step.clone();
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_(s.param, grad, s.exp_avg, s.exp_avg_sq, hyper, bad.step, c10::nullopt,
+                                              c10::nullopt, bad.state_step),
+                         Contains(("fused_adamw_: " + bad.message).c_str()), c10::Error);
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_({s.param}, {grad}, {s.exp_avg}, {s.exp_avg_sq}, hyper, bad.step,
+                                                    c10::nullopt, c10::nullopt, bad.state_step),
+                         Contains(("fused_adamw_multi_: " + bad.message).c_str()), c10::Error);
+    CHECK(same_state(s, before));
+    CHECK(torch::equal(bad.state_step.nan_to_num(7), count_before.nan_to_num(7)));  // not advanced
+  }
+  // The largest count that can still advance exactly, and a skipped step that does not look at the count.
+  State s = make_state(torch::randn({10}));
+  torch::Tensor last = torch::full({1}, 16777215.0f);
+  fusion::fused_adamw_(s.param, torch::randn({10}), s.exp_avg, s.exp_avg_sq, hyper, 0, c10::nullopt, c10::nullopt,
+                       last);
+  CHECK(last.item<float>() == 16777216.0f);
+  torch::Tensor fraction = torch::full({1}, 2.5f);
+  CHECK_NOTHROW(fusion::fused_adamw_(s.param, torch::randn({10}), s.exp_avg, s.exp_avg_sq, hyper, 0, c10::nullopt,
+                                     torch::ones({1}), fraction));
+  CHECK(fraction.item<float>() == 2.5f);
+  // On another device than the parameters (the CPU kernel called directly: the dispatcher would look for a meta one).
+  const torch::Tensor meta = torch::empty({1}, torch::TensorOptions().device(torch::kMeta));
+  CHECK_THROWS_WITH_AS(fusion::check_scaler_args("fused_adamw_", torch::Device(torch::kCPU), 0, c10::nullopt,
+                                                 c10::nullopt, meta),
+                       Contains("state_step is not on param's device (cpu), got meta"), c10::Error);
+}
+
+TEST_CASE("[step5] an empty list gets the scaler's checks too, and its state_step counts the call") {
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  const std::vector<torch::Tensor> none;
+  CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(none, none, none, none, hyper, 1, torch::ones({2}), c10::nullopt),
+                       Contains("grad_scale must be a one-element float32 tensor"), c10::Error);
+  CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(none, none, none, none, hyper, 1, torch::zeros({1}),
+                                                  torch::zeros({1})),
+                       Contains("grad_scale must be finite and > 0, got 0"), c10::Error);
+  CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(none, none, none, none, hyper, 1, c10::nullopt, torch::zeros({3})),
+                       Contains("found_inf must be a one-element float32 tensor"), c10::Error);
+  torch::Tensor count = torch::zeros({1});
+  fusion::fused_adamw_multi_(none, none, none, none, hyper, 0, torch::ones({1}), torch::zeros({1}), count);
+  CHECK(count.item<float>() == 1.0f);
+  fusion::fused_adamw_multi_(none, none, none, none, hyper, 0, torch::ones({1}), torch::ones({1}), count);
+  CHECK(count.item<float>() == 1.0f);  // skipped
+}
+
 TEST_CASE("[step5] the multi-tensor operator with grad_scale gives each tuple what the single operator gives it") {
   const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
   const std::vector<std::pair<int64_t, torch::ScalarType>> shapes = {
@@ -383,6 +524,11 @@ TEST_CASE("[step5] bad scaler tensors give their named errors, and nothing is wr
       {"negative scale", {torch::full({1}, -2.0f), {}}, "grad_scale must be finite and > 0, got -2"},
       {"infinite scale", {torch::full({1}, INFINITY), {}}, "grad_scale must be finite and > 0, got inf"},
       {"NaN scale", {torch::full({1}, NAN), {}}, "grad_scale must be finite and > 0, got nan"},
+      // Positive and finite, but 1 / 1e-40 overflows float32: every updated value would be inf or NaN.
+      {"subnormal scale", {torch::full({1}, 1e-40f), {}}, "grad_scale's inverse must be finite"},
+      {"the smallest subnormal",
+       {torch::full({1}, std::numeric_limits<float>::denorm_min()), {}},
+       "grad_scale's inverse must be finite"},
   };
   for (const Bad& bad : cases) {
     CAPTURE(bad.what);
@@ -409,11 +555,11 @@ TEST_CASE("[step5] bad scaler tensors give their named errors, and nothing is wr
       const std::string name = which == 0 ? "grad_scale" : "found_inf";
       CHECK_THROWS_WITH_AS(fusion::fused_adamw_cpu(s.param, torch::randn({10}), s.exp_avg, s.exp_avg_sq, 1e-2, 0.9,
                                                    0.999, 1e-8, 0.1, 1, which == 0 ? given : none,
-                                                   which == 1 ? given : none),
+                                                   which == 1 ? given : none, none),
                            Contains(("fused_adamw_: " + name + " is not on param's device (cpu), got meta").c_str()),
                            c10::Error);
-      CHECK_THROWS_WITH_AS(fusion::check_scaler_args("fused_adamw_multi_", s.param, which == 0 ? given : none,
-                                                     which == 1 ? given : none),
+      CHECK_THROWS_WITH_AS(fusion::check_scaler_args("fused_adamw_multi_", s.param.device(), 1,
+                                                     which == 0 ? given : none, which == 1 ? given : none, none),
                            Contains(("fused_adamw_multi_: " + name + " is not on param's device").c_str()), c10::Error);
     }
     CHECK(same_state(s, before));

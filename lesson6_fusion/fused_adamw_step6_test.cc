@@ -72,16 +72,25 @@ void grid_adamw(State& s, const torch::Tensor& grad, const fusion::AdamWHyper& h
   REQUIRE(error == nullptr);
 }
 
-// The unscale kernel on the CPU grid for each gradient, one launch each (as given_cuda.cc launches them).
-void grid_unscale(std::vector<torch::Tensor>& grads, torch::Tensor& found_inf, float inv,
-                  const fusion::cuda::Target& target) {
+// The multi-tensor unscale on the CPU grid for the whole list, one call (as given_cuda.cc makes it); the launches.
+int64_t grid_unscale(std::vector<torch::Tensor>& grads, torch::Tensor& found_inf, float inv,
+                     const fusion::cuda::Target& target) {
   const torch::Tensor inv_scale = torch::full({1}, inv);
+  std::vector<fusion::cuda::GradPointer> pointers;
   for (torch::Tensor& g : grads) {
-    const char* error = fusion::cuda::launch_unscale(kernel_dtype(g.scalar_type()), g.data_ptr(), g.numel(),
-                                                     found_inf.data_ptr<float>(), inv_scale.data_ptr<float>(), target);
-    INFO("launch_unscale: " << (error == nullptr ? "ok" : error));
-    REQUIRE(error == nullptr);
+    fusion::cuda::GradPointer p;
+    p.dtype = kernel_dtype(g.scalar_type());
+    p.grad = g.data_ptr();
+    p.numel = g.numel();
+    pointers.push_back(p);
   }
+  int64_t launches = -1;
+  const char* error =
+      fusion::cuda::launch_unscale(pointers.data(), static_cast<int64_t>(pointers.size()), found_inf.data_ptr<float>(),
+                                   inv_scale.data_ptr<float>(), target, &launches);
+  INFO("launch_unscale: " << (error == nullptr ? "ok" : error));
+  REQUIRE(error == nullptr);
+  return launches;
 }
 
 // How far one grid step of `s` lands from the float32 step of given.cc on the same state and gradient, per element:
@@ -116,15 +125,6 @@ void check_grid_step(State& s, const torch::Tensor& grad, const fusion::AdamWHyp
     CAPTURE(exact);
     CHECK(exact >= 0.99);
   }
-}
-
-// A tensor of `n` elements of `dtype` that starts `offset` elements into a buffer with one guard element after it.
-torch::Tensor view_in_buffer(const torch::Tensor& values, int64_t offset, torch::Tensor& buffer) {
-  const int64_t n = values.numel();
-  buffer = torch::full({offset + n + 1}, 0.5, values.options());
-  torch::Tensor view = buffer.narrow(0, offset, n);
-  view.copy_(values);
-  return view;
 }
 
 }  // namespace
@@ -305,13 +305,15 @@ TEST_CASE("[step6] CPU grid: the AdamW kernel unscales in its pass and skips on 
 
 namespace {
 
-// Every state of `states` (one dtype) with its gradient, through launch_adamw_multi on the CPU grid; the launches.
+// Every state of `states` with its gradient, through launch_adamw_multi on the CPU grid; the launches.
 int64_t grid_adamw_multi(std::vector<State>& states, const std::vector<torch::Tensor>& grads,
                          const fusion::AdamWHyper& hyper, int64_t step, const fusion::cuda::Target& target,
-                         const float* grad_scale = nullptr, const float* found_inf = nullptr) {
+                         const float* grad_scale = nullptr, const float* found_inf = nullptr,
+                         float* state_step = nullptr) {
   std::vector<fusion::cuda::TensorPointers> tensors;
   for (size_t i = 0; i < states.size(); ++i) {
     fusion::cuda::TensorPointers t;
+    t.dtype = kernel_dtype(states[i].param.scalar_type());
     t.param = states[i].param.data_ptr();
     t.grad = grads[i].data_ptr();
     t.exp_avg = states[i].exp_avg.data_ptr<float>();
@@ -320,9 +322,8 @@ int64_t grid_adamw_multi(std::vector<State>& states, const std::vector<torch::Te
     tensors.push_back(t);
   }
   int64_t launches = -1;
-  const char* error = fusion::cuda::launch_adamw_multi(kernel_dtype(states.at(0).param.scalar_type()), tensors.data(),
-                                                       static_cast<int64_t>(tensors.size()), hyper, step, target,
-                                                       grad_scale, found_inf, &launches);
+  const char* error = fusion::cuda::launch_adamw_multi(tensors.data(), static_cast<int64_t>(tensors.size()), hyper,
+                                                       step, target, grad_scale, found_inf, state_step, &launches);
   INFO("launch_adamw_multi: " << (error == nullptr ? "ok" : error));
   REQUIRE(error == nullptr);
   return launches;
@@ -401,6 +402,62 @@ TEST_CASE(
     std::vector<State> states = {make_state(torch::zeros({0})), make_state(torch::zeros({0}))};
     std::vector<torch::Tensor> grads = {torch::zeros({0}), torch::zeros({0})};
     CHECK(grid_adamw_multi(states, grads, hyper, 1, cpu_grid(1, 1)) == 0);
+  }
+}
+
+TEST_CASE("[step6] CPU grid: state_step counts the steps taken on the device; a skipped step does not count") {
+  // Issue 43: a caller that does not read found_inf cannot know the step's number; the kernels read it from
+  // state_step (the steps taken so far) and advance it after the update unless found_inf skipped the step. Against
+  // the same kernels given the number of the steps taken on the host, bit for bit.
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  const std::vector<float> flags = {0, 1, 0, 1, 1, 0, 0, 2};
+  const float scale = 1024.0f;
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16}) {
+    CAPTURE(dtype_name(dtype));
+    const int64_t n = 10007;  // beyond a one-multiprocessor grid's reach
+    torch::manual_seed(61);
+    State counted = make_state(torch::randn({n}).to(dtype));
+    State reference = copy_of(counted);
+    std::vector<State> multi = {make_state(torch::randn({70001}).to(dtype)), make_state(torch::randn({33})),
+                                make_state(torch::randn({5}).to(torch::kHalf))};
+    std::vector<State> multi_reference;
+    for (const State& s : multi) multi_reference.push_back(copy_of(s));
+    float state_step = 0, multi_state_step = 0;
+    int64_t taken = 0;
+    uint64_t seed = 1;
+    for (float flag : flags) {
+      CAPTURE(flag);
+      const torch::Tensor grad = (torch::randn({n}) * scale).to(dtype);
+      std::vector<torch::Tensor> grads;
+      for (const State& s : multi) grads.push_back((torch::randn({s.param.numel()}) * scale).to(s.param.scalar_type()));
+      const char* error =
+          fusion::cuda::launch_adamw(kernel_dtype(dtype), counted.param.data_ptr(), grad.data_ptr(),
+                                     counted.exp_avg.data_ptr<float>(), counted.exp_avg_sq.data_ptr<float>(), n, hyper,
+                                     0, cpu_grid(1, seed++), &scale, &flag, &state_step);
+      REQUIRE(error == nullptr);
+      grid_adamw_multi(multi, grads, hyper, 0, cpu_grid(2, seed++), &scale, &flag, &multi_state_step);
+      if (flag == 0) {  // the reference steps only when nothing overflowed, its number counted on the host
+        ++taken;
+        error = fusion::cuda::launch_adamw(kernel_dtype(dtype), reference.param.data_ptr(), grad.data_ptr(),
+                                           reference.exp_avg.data_ptr<float>(), reference.exp_avg_sq.data_ptr<float>(),
+                                           n, hyper, taken, cpu_grid(1, seed++), &scale);
+        REQUIRE(error == nullptr);
+        grid_adamw_multi(multi_reference, grads, hyper, taken, cpu_grid(2, seed++), &scale);
+      }
+      CHECK(state_step == static_cast<float>(taken));
+      CHECK(multi_state_step == static_cast<float>(taken));
+      CHECK(same_state(counted, reference));
+      for (size_t i = 0; i < multi.size(); ++i) CHECK(same_state(multi[i], multi_reference[i]));
+    }
+  }
+  {  // an empty list's call still counts its step, once
+    std::vector<State> none;
+    float state_step = 4, flag = 0;
+    CHECK(grid_adamw_multi(none, {}, hyper, 0, cpu_grid(1, 1), nullptr, &flag, &state_step) == 0);
+    CHECK(state_step == 5.0f);
+    flag = 1;
+    grid_adamw_multi(none, {}, hyper, 0, cpu_grid(1, 1), nullptr, &flag, &state_step);
+    CHECK(state_step == 5.0f);
   }
 }
 
@@ -633,6 +690,56 @@ GPU_TEST_CASE("[step6] CUDA unscale: the CPU operator's values and flag, and an 
       CHECK(gpu[0][1].item<float>() == (before[0][1] * 0.5).item<float>());  // the others still unscaled
     }
   }
+}
+
+GPU_TEST_CASE("[step6] CUDA: state_step is read and advanced on the GPU; a skipped step does not count") {
+  require_cuda_kernels();
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  torch::manual_seed(67);
+  State cpu = make_state(torch::randn({100003}));
+  State gpu = on_device(cpu, kCuda);
+  std::vector<torch::Tensor> cpu_list = {torch::randn({70001}), torch::randn({5}).to(torch::kBFloat16)};
+  std::vector<torch::Tensor> gpu_list = {cpu_list[0].to(kCuda), cpu_list[1].to(kCuda)};
+  std::vector<torch::Tensor> cpu_m = {torch::zeros({70001}), torch::zeros({5})}, cpu_v = clones(cpu_m);
+  std::vector<torch::Tensor> gpu_m = {cpu_m[0].to(kCuda), cpu_m[1].to(kCuda)};
+  std::vector<torch::Tensor> gpu_v = {cpu_v[0].to(kCuda), cpu_v[1].to(kCuda)};
+  torch::Tensor cpu_step = torch::zeros({1}), cpu_multi_step = torch::zeros({1});
+  torch::Tensor gpu_step = torch::zeros({1}, kCuda), gpu_multi_step = torch::zeros({1}, kCuda);
+  for (float flag : {0.0f, 1.0f, 0.0f, 1.0f, 0.0f}) {
+    CAPTURE(flag);
+    const torch::Tensor grad = torch::randn({100003}) * 64;
+    const std::vector<torch::Tensor> grads = {torch::randn({70001}) * 64,
+                                              (torch::randn({5}) * 64).to(torch::kBFloat16)};
+    fusion::fused_adamw_(cpu.param, grad, cpu.exp_avg, cpu.exp_avg_sq, hyper, 0, torch::full({1}, 64.0f),
+                         torch::full({1}, flag), cpu_step);
+    fusion::fused_adamw_(gpu.param, grad.to(kCuda), gpu.exp_avg, gpu.exp_avg_sq, hyper, 0,
+                         torch::full({1}, 64.0f, kCuda), torch::full({1}, flag, kCuda), gpu_step);
+    fusion::fused_adamw_multi_(cpu_list, grads, cpu_m, cpu_v, hyper, 0, torch::full({1}, 64.0f), torch::full({1}, flag),
+                               cpu_multi_step);
+    fusion::fused_adamw_multi_(gpu_list, {grads[0].to(kCuda), grads[1].to(kCuda)}, gpu_m, gpu_v, hyper, 0,
+                               torch::full({1}, 64.0f, kCuda), torch::full({1}, flag, kCuda), gpu_multi_step);
+    CHECK(gpu_step.item<float>() == cpu_step.item<float>());
+    CHECK(gpu_multi_step.item<float>() == cpu_multi_step.item<float>());
+    CHECK(rel_error({gpu.param.cpu()}, {cpu.param}) <= 1e-6);
+    CHECK(rel_error({gpu_list[0].cpu()}, {cpu_list[0]}) <= 1e-6);
+  }
+  CHECK(cpu_step.item<float>() == 3.0f);
+}
+
+GPU_TEST_CASE("[step6] CUDA unscale: lesson 1's list in a few launches, as ATen's multi-tensor unscale") {
+  // 300 small gradients: one launch per 110 on the GPU (the CPU grid checks count them; here the values).
+  require_cuda_kernels();
+  std::vector<torch::Tensor> cpu, gpu;
+  torch::manual_seed(69);
+  for (int t = 0; t < 300; ++t) {
+    cpu.push_back(torch::randn({t % 13 + 1}) * 1024);
+    gpu.push_back(cpu.back().to(kCuda));
+  }
+  torch::Tensor found_cpu = torch::zeros({1}), found_gpu = torch::zeros({1}, kCuda);
+  fusion::fused_unscale_(cpu, found_cpu, torch::full({1}, 1.0f / 1024));
+  fusion::fused_unscale_(gpu, found_gpu, torch::full({1}, 1.0f / 1024, kCuda));
+  CHECK(found_gpu.item<float>() == 0.0f);
+  for (size_t t = 0; t < cpu.size(); ++t) CHECK(torch::equal(gpu[t].cpu(), cpu[t]));
 }
 
 }  // namespace adamw_checks

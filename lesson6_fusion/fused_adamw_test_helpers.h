@@ -184,6 +184,16 @@ inline torch::Tensor guarded_copy(const torch::Tensor& values) {
   return out;
 }
 
+// A copy of `values` that starts `offset` elements into `buffer` (made here: 0.5 everywhere else), with one guard
+// element after it: a view that starts mid-vector or mid-pack when offset is not a multiple of it.
+inline torch::Tensor view_in_buffer(const torch::Tensor& values, int64_t offset, torch::Tensor& buffer) {
+  const int64_t n = values.numel();
+  buffer = torch::full({offset + n + 1}, 0.5, values.options());
+  torch::Tensor view = buffer.narrow(0, offset, n);
+  view.copy_(values);
+  return view;
+}
+
 // The sizes whose tails a kernel may get wrong: every remainder after full vectors of 8 float lanes (AVX2's
 // Vectorized<float>::size()) and after packs of 4, small tensors, and tensors one piece (32768 elements) and a few
 // more long.

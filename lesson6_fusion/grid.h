@@ -206,5 +206,26 @@ const char* launch(const LaunchShape& shape, const Target& target, const Args&..
 }
 // [launch]
 
+// [advance_step]
+/// Step 5's step counter on the device, after an AdamW launch: adds 1 to *state_step unless found_inf (nullptr:
+/// none) holds a value that is not 0. One thread, launched after the update on the same target (a GPU runs the
+/// launches of one stream in order), so every thread of the update has read the old count; as ATen's optimizer adds
+/// 1 to its state_steps before `_fused_adamw_` and subtracts found_inf after it, without a host sync.
+struct AdvanceStep {
+  __host__ __device__ void operator()(Thread, float* state_step, const float* found_inf) const {
+    if (found_inf != nullptr && *found_inf != 0.0f) return;
+    *state_step += 1.0f;
+  }
+};
+
+/// Given. Launches AdvanceStep on `target`: nullptr, or the launch's error.
+inline const char* advance_step(float* state_step, const float* found_inf, const Target& target) {
+  LaunchShape one;
+  one.blocks = 1;
+  one.threads = 1;
+  return launch<AdvanceStep>(one, target, state_step, found_inf);
+}
+// [advance_step]
+
 }  // namespace cuda
 }  // namespace fusion

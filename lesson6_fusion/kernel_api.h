@@ -61,14 +61,19 @@ enum class Dtype { Float32, BFloat16, Float16 };
 /// Step 5's scaler on the device, without a host sync: `found_inf` (nullptr: none), when it points at a value
 /// that is not 0, makes every thread return before it writes anything; `grad_scale` (nullptr: none) makes each
 /// gradient element, read as float32, be multiplied by float(1.0 / double(*grad_scale)) before the update, in a
-/// register (the gradient in memory is not written). Both point into the target's memory.
+/// register (the gradient in memory is not written). `state_step` (nullptr: none; then `step` is the step's
+/// number) holds the steps taken so far: each thread reads the step's number as *state_step + 1 and computes the
+/// bias corrections from it, in double, as the host does from `step`; after the update kernel, advance_step()
+/// (grid.h, a second launch on the same target) adds 1 to it unless found_inf skipped the step, so a skipped step
+/// does not count and nothing is read on the host. All three point into the target's memory.
 const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_avg, float* exp_avg_sq, int64_t numel,
                          const AdamWHyper& hyper, int64_t step, const Target& target, const float* grad_scale = nullptr,
-                         const float* found_inf = nullptr);
+                         const float* found_inf = nullptr, float* state_step = nullptr);
 
-/// One tuple of the multi-tensor AdamW step, as raw pointers to the target's memory (param and grad of the launch's
-/// dtype, the state float32), `numel` elements each.
+/// One tuple of the multi-tensor AdamW step, as raw pointers to the target's memory (param and grad of `dtype`, the
+/// state float32), `numel` elements each.
 struct TensorPointers {
+  Dtype dtype = Dtype::Float32;
   void* param = nullptr;
   const void* grad = nullptr;
   float* exp_avg = nullptr;
@@ -84,22 +89,39 @@ constexpr int kMaxTensorsPerLaunch = 36;
 constexpr int kMaxBlocksPerLaunch = 320;
 constexpr int64_t kChunkElements = 65536;
 
-/// Step 6. One AdamW step for each of `count` tuples, all of `dtype`, in as few launches as the limits allow:
-/// the tensors are taken in order, their chunks in order, and a launch is sent when it holds kMaxBlocksPerLaunch
-/// chunks or when its next tensor would be one too many (a tensor's chunks may then go on in the next launch).
+/// Step 6. One AdamW step for each of `count` tuples, in as few launches as the limits allow: one series of
+/// launches per dtype (float32, bfloat16, float16: a launch has one element type), each taking its tuples in the
+/// list's order, their chunks in order, a launch sent when it holds kMaxBlocksPerLaunch chunks or when its next
+/// tensor would be one too many (a tensor's chunks may then go on in the next launch).
 /// Empty tensors take no chunk. Packs of four where every pointer of every tensor of the launch is aligned to a
 /// pack (and kChunkElements keeps chunks aligned), one element at a time otherwise. Each element as launch_adamw()
-/// computes it (the same update, bit for bit), step 5's grad_scale and found_inf as there. Writes the number of
-/// launches to *launches when it is not nullptr. Returns nullptr or the text of the error (the first launch's).
-const char* launch_adamw_multi(Dtype dtype, const TensorPointers* tensors, int64_t count, const AdamWHyper& hyper,
-                               int64_t step, const Target& target, const float* grad_scale, const float* found_inf,
+/// computes it (the same update, bit for bit), step 5's grad_scale, found_inf and state_step as there (one
+/// state_step for the whole list: advance_step() once, after the last launch, also when there was none). Writes
+/// the number of update launches to *launches when it is not nullptr (advance_step's is not counted). Returns
+/// nullptr or the text of the error (the first launch's).
+const char* launch_adamw_multi(const TensorPointers* tensors, int64_t count, const AdamWHyper& hyper, int64_t step,
+                               const Target& target, const float* grad_scale, const float* found_inf, float* state_step,
                                int64_t* launches);
 
-/// Step 6. The fused unscale of step 5 on `target` for one gradient: multiplies its `numel` elements by
-/// *inv_scale (a pointer to the target's memory; 1 leaves them as they are) and sets *found_inf = 1 if any was
-/// inf or NaN before the multiply; otherwise *found_inf keeps its value. Returns nullptr or the error's text.
-const char* launch_unscale(Dtype dtype, void* grad, int64_t numel, float* found_inf, const float* inv_scale,
-                           const Target& target);
+/// One gradient of the multi-tensor unscale: a raw pointer to the target's memory, its dtype and `numel` elements.
+struct GradPointer {
+  Dtype dtype = Dtype::Float32;
+  void* grad = nullptr;
+  int64_t numel = 0;
+};
+
+/// The multi-tensor unscale's limit on gradients per launch: ATen's multi_tensor_apply table for one list (its
+/// `_amp_foreach_non_finite_check_and_unscale_` runs on it); blocks per launch and chunk as above.
+constexpr int kMaxGradsPerLaunch = 110;
+
+/// Step 6. The fused unscale of step 5 on `target` for `count` gradients, in as few launches as launch_adamw_multi()
+/// makes (a series per dtype, the same walk over chunks, kMaxGradsPerLaunch gradients per launch): multiplies
+/// every element by *inv_scale (a pointer to the target's memory; 1 leaves them as they are) and sets *found_inf
+/// = 1 if any was inf or NaN before the multiply; otherwise *found_inf keeps its value. Packs of four where every
+/// gradient of the launch is aligned to a pack. Writes the number of launches to *launches when it is not nullptr.
+/// Returns nullptr or the error's text.
+const char* launch_unscale(const GradPointer* grads, int64_t count, float* found_inf, const float* inv_scale,
+                           const Target& target, int64_t* launches);
 
 }  // namespace cuda
 }  // namespace fusion

@@ -60,8 +60,9 @@ void lesson6(Context& c) {
   const std::string isa_note = c.device.is_cpu() ? std::string(", ") + fusion::cpu_isa_name(isa) + " loop" : "";
   // Step 5's scaler, two ways: GradScaler's unscale_ (one pass that reads and writes every gradient) and then the
   // step on the unscaled gradient, or the scaler's check only (inv_scale 1: read, nothing written) and then the
-  // step with grad_scale and found_inf, unscaling in its pass. The first multiplies its gradient in place, so it
-  // alternates 1/65536 and 65536 (powers of two: the values stay exact and never drift towards denormals).
+  // step with grad_scale and found_inf, unscaling in its pass, its step counted in state_step (no host read of the
+  // flag: a skipped step must not count). The first multiplies its gradient in place, so it alternates 1/65536 and
+  // 65536 (powers of two: the values stay exact and never drift towards denormals).
   const float scale = 65536.0f;
   const torch::Tensor grad_scale = torch::full({1}, scale, on);
   torch::Tensor found_inf = torch::zeros({1}, on);
@@ -70,7 +71,8 @@ void lesson6(Context& c) {
   std::vector<torch::Tensor> scaled_grad = {grad * scale};
   torch::Tensor p_two = start.clone(), m_two = torch::zeros({n}, on), v_two = torch::zeros({n}, on);
   torch::Tensor p_one = start.clone(), m_one = torch::zeros({n}, on), v_one = torch::zeros({n}, on);
-  int64_t step_two = 0, step_one = 0;
+  torch::Tensor state_step = torch::zeros({1}, on);  // the one-pass variant's steps taken, on the device
+  int64_t step_two = 0;
   const auto plus = [n](fusion::Traffic t, int64_t read, int64_t written) {  // one more pass over a float32 tensor
     t.bytes_read += read * 4 * n;
     t.bytes_written += written * 4 * n;
@@ -114,7 +116,7 @@ void lesson6(Context& c) {
        [&] {
          found_inf.zero_();
          fusion::fused_unscale_(scaled_grad, found_inf, no_scale);  // inv_scale 1: reads, writes nothing
-         fusion::fused_adamw_(p_one, scaled_grad[0], m_one, v_one, hyper, ++step_one, grad_scale, found_inf);
+         fusion::fused_adamw_(p_one, scaled_grad[0], m_one, v_one, hyper, 0, grad_scale, found_inf, state_step);
        },
        ""},
   };

@@ -338,6 +338,17 @@ bool overlap(const at::Tensor& a, const at::Tensor& b) {
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
 }
 
+// The rules on the step and the hyper-parameters, under `op`'s name: the single operator's last rules, and the
+// multi-tensor operator's first (so that an empty list is checked too).
+void check_step_and_hyper(const char* op, const AdamWHyper& hyper, int64_t step) {
+  TORCH_CHECK(step >= 1, op, ": step must be >= 1, got ", step);
+  TORCH_CHECK(hyper.lr >= 0, op, ": lr must be >= 0, got ", hyper.lr);  // NaN fails each of these too
+  TORCH_CHECK(hyper.eps >= 0, op, ": eps must be >= 0, got ", hyper.eps);
+  TORCH_CHECK(hyper.weight_decay >= 0, op, ": weight_decay must be >= 0, got ", hyper.weight_decay);
+  TORCH_CHECK(hyper.beta1 >= 0 && hyper.beta1 < 1, op, ": beta1 must be in [0, 1), got ", hyper.beta1);
+  TORCH_CHECK(hyper.beta2 >= 0 && hyper.beta2 < 1, op, ": beta2 must be in [0, 1), got ", hyper.beta2);
+}
+
 }  // namespace
 
 void check_adamw_args(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
@@ -372,25 +383,25 @@ void check_adamw_args(const at::Tensor& param, const at::Tensor& grad, const at:
                   " overlap in memory");
     }
   }
-  TORCH_CHECK(step >= 1, "fused_adamw_: step must be >= 1, got ", step);
-  TORCH_CHECK(hyper.lr >= 0, "fused_adamw_: lr must be >= 0, got ", hyper.lr);  // NaN fails each of these too
-  TORCH_CHECK(hyper.eps >= 0, "fused_adamw_: eps must be >= 0, got ", hyper.eps);
-  TORCH_CHECK(hyper.weight_decay >= 0, "fused_adamw_: weight_decay must be >= 0, got ", hyper.weight_decay);
-  TORCH_CHECK(hyper.beta1 >= 0 && hyper.beta1 < 1, "fused_adamw_: beta1 must be in [0, 1), got ", hyper.beta1);
-  TORCH_CHECK(hyper.beta2 >= 0 && hyper.beta2 < 1, "fused_adamw_: beta2 must be in [0, 1), got ", hyper.beta2);
+  check_step_and_hyper("fused_adamw_", hyper, step);
 }
 // [check_args]
 
 void fused_adamw_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
                      double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                     const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
+                     const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+                     const c10::optional<at::Tensor>& state_step) {
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
-  check_adamw_args(param, grad, exp_avg, exp_avg_sq, hyper, step);
-  ScalerGate gate;  // step 5's scaler, only when the caller passed it
-  const bool scaler = is_given(grad_scale) || is_given(found_inf);
-  if (scaler) gate = scaler_gate_cpu("fused_adamw_", param, grad_scale, found_inf);
-  if (gate.skip) return;
-  adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, step, gate.grad_multiplier);
+  const bool counted = is_given(state_step);  // step 5: the step's number is state_step + 1, so at least 1
+  check_adamw_args(param, grad, exp_avg, exp_avg_sq, hyper, counted ? 1 : step);
+  ScalerGate gate;  // step 5's scaler and counter, only when the caller passed one
+  gate.step = step;
+  if (is_given(grad_scale) || is_given(found_inf) || counted) {
+    gate = scaler_gate_cpu("fused_adamw_", param.device(), step, grad_scale, found_inf, state_step);
+  }
+  if (gate.skip) return;  // a skipped step writes nothing, and does not count
+  adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, gate.step, gate.grad_multiplier);
+  if (counted) *state_step->data_ptr<float>() += 1.0f;
 }
 
 }  // namespace fusion
@@ -497,6 +508,7 @@ void check_disjoint(const char* op, c10::ArrayRef<c10::ArrayRef<at::Tensor>> lis
 void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                             c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
                             const AdamWHyper& hyper, int64_t step) {
+  check_step_and_hyper("fused_adamw_multi_", hyper, step);  // first: an empty list has no tuple to check them
   TORCH_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() && exp_avg_sqs.size() == params.size(),
               "fused_adamw_multi_: the lists must have one length, got ", params.size(), ", ", grads.size(), ", ",
               exp_avgs.size(), ", ", exp_avg_sqs.size());
@@ -522,14 +534,21 @@ void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::
 void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                            c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs, double lr,
                            double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                           const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
+                           const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+                           const c10::optional<at::Tensor>& state_step) {
   const AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
-  check_adamw_multi_args(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
-  ScalerGate gate;  // step 5's scaler, only when the caller passed it (and there is a parameter to hold it to)
-  const bool scaler = is_given(grad_scale) || is_given(found_inf);
-  if (scaler && !params.empty()) gate = scaler_gate_cpu("fused_adamw_multi_", params[0], grad_scale, found_inf);
-  if (gate.skip) return;
-  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, step, gate.grad_multiplier);
+  const bool counted = is_given(state_step);  // step 5: the step's number is state_step + 1, so at least 1
+  check_adamw_multi_args(params, grads, exp_avgs, exp_avg_sqs, hyper, counted ? 1 : step);
+  ScalerGate gate;  // step 5's scaler and counter, only when the caller passed one
+  gate.step = step;
+  if (is_given(grad_scale) || is_given(found_inf) || counted) {
+    // Held to tuple 0's device (step 4 checked that every tuple is on it); an empty list runs here, on the CPU.
+    const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params[0].device();
+    gate = scaler_gate_cpu("fused_adamw_multi_", device, step, grad_scale, found_inf, state_step);
+  }
+  if (gate.skip) return;  // a skipped step writes nothing, and does not count
+  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, gate.step, gate.grad_multiplier);
+  if (counted) *state_step->data_ptr<float>() += 1.0f;
 }
 
 }  // namespace fusion
@@ -651,31 +670,46 @@ void fused_unscale_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, c
 // [scaler_gate]
 namespace {
 
-void check_scaler_tensor(const char* op, const char* name, const at::Tensor& param, const at::Tensor& t) {
+void check_scaler_tensor(const char* op, const char* name, c10::Device device, const at::Tensor& t) {
   TORCH_CHECK(t.numel() == 1 && t.scalar_type() == c10::ScalarType::Float, op, ": ", name,
               " must be a one-element float32 tensor, got ", t.numel(), " element(s) of ", t.scalar_type());
-  TORCH_CHECK(t.device() == param.device(), op, ": ", name, " is not on param's device (", param.device(), "), got ",
-              t.device());
+  TORCH_CHECK(t.device() == device, op, ": ", name, " is not on param's device (", device, "), got ", t.device());
 }
 
 }  // namespace
 
-void check_scaler_args(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
-                       const c10::optional<at::Tensor>& found_inf) {
-  if (is_given(grad_scale)) check_scaler_tensor(op, "grad_scale", param, *grad_scale);
-  if (is_given(found_inf)) check_scaler_tensor(op, "found_inf", param, *found_inf);
+void check_scaler_args(const char* op, c10::Device device, int64_t step, const c10::optional<at::Tensor>& grad_scale,
+                       const c10::optional<at::Tensor>& found_inf, const c10::optional<at::Tensor>& state_step) {
+  if (is_given(grad_scale)) check_scaler_tensor(op, "grad_scale", device, *grad_scale);
+  if (is_given(found_inf)) check_scaler_tensor(op, "found_inf", device, *found_inf);
+  if (is_given(state_step)) {
+    check_scaler_tensor(op, "state_step", device, *state_step);
+    // A host count passed beside the device's would be ignored: refused instead.
+    TORCH_CHECK(step == 0, op, ": step must be 0 when state_step is given, got ", step);
+  }
 }
 
-ScalerGate scaler_gate_cpu(const char* op, const at::Tensor& param, const c10::optional<at::Tensor>& grad_scale,
-                           const c10::optional<at::Tensor>& found_inf) {
-  check_scaler_args(op, param, grad_scale, found_inf);
+ScalerGate scaler_gate_cpu(const char* op, c10::Device device, int64_t step,
+                           const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+                           const c10::optional<at::Tensor>& state_step) {
+  check_scaler_args(op, device, step, grad_scale, found_inf, state_step);
   ScalerGate gate;
+  gate.step = step;
   // Any flag that is not 0 skips (ATen's kernel skips on exactly 1): a flag summed over ranks counts too.
   gate.skip = is_given(found_inf) && *found_inf->data_ptr<float>() != 0.0f;
-  if (gate.skip || !is_given(grad_scale)) return gate;
+  if (gate.skip) return gate;
+  if (is_given(state_step)) {  // the steps taken so far: this one is the next
+    const float taken = *state_step->data_ptr<float>();
+    TORCH_CHECK(taken >= 0 && taken < 16777216.0f && taken == std::floor(taken), op,
+                ": state_step must hold a whole number in [0, 2^24), got ", taken);
+    gate.step = static_cast<int64_t>(taken) + 1;
+  }
+  if (!is_given(grad_scale)) return gate;
   const float scale = *grad_scale->data_ptr<float>();
   TORCH_CHECK(std::isfinite(scale) && scale > 0, op, ": grad_scale must be finite and > 0, got ", scale);
   gate.grad_multiplier = static_cast<float>(1.0 / static_cast<double>(scale));  // GradScaler's inv_scale, exactly
+  // A positive subnormal scale passes the rule above, but its inverse overflows float32: every update would be inf.
+  TORCH_CHECK(std::isfinite(gate.grad_multiplier), op, ": grad_scale's inverse must be finite, got ", scale);
   return gate;
 }
 // [scaler_gate]

@@ -13,7 +13,8 @@ namespace cuda {
 // [cuda_kernel]
 namespace {
 
-// The step's scalars in float32, computed once on the host in double as step 2 does.
+// The step's scalars in float32, computed once on the host in double as step 2 does; the two that depend on the
+// step's number again on the device where the number is read there (step 5's state_step).
 struct Coefficients {
   float decay;  // 1 - lr * weight_decay
   float beta1, one_minus_beta1;
@@ -22,22 +23,36 @@ struct Coefficients {
   float eps;
   float neg_step_size;  // -lr / bias_correction1
   bool apply_decay;
+  double lr, beta1_d, beta2_d;  // for with_step on the device
 };
 
+// The bias corrections of step number `step`, in double, then cast: the same code on the host and in a thread.
+__host__ __device__ inline void with_step(Coefficients& c, double step) {
+  const double bias_correction1 = 1 - pow(c.beta1_d, step);
+  const double bias_correction2 = 1 - pow(c.beta2_d, step);
+  c.inv_sqrt_bias_correction2 = div_rn(1.0f, static_cast<float>(sqrt(bias_correction2)));
+  c.neg_step_size = static_cast<float>(-c.lr / bias_correction1);
+}
+
 Coefficients coefficients(const AdamWHyper& h, int64_t step) {
-  const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(step));
-  const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(step));
   Coefficients c;
   c.decay = static_cast<float>(1 - h.lr * h.weight_decay);
   c.beta1 = static_cast<float>(h.beta1);
   c.one_minus_beta1 = static_cast<float>(1 - h.beta1);
   c.beta2 = static_cast<float>(h.beta2);
   c.one_minus_beta2 = static_cast<float>(1 - h.beta2);
-  c.inv_sqrt_bias_correction2 = 1.0f / static_cast<float>(std::sqrt(bias_correction2));
   c.eps = static_cast<float>(h.eps);
-  c.neg_step_size = static_cast<float>(-h.lr / bias_correction1);
   c.apply_decay = h.weight_decay != 0;
+  c.lr = h.lr;
+  c.beta1_d = h.beta1;
+  c.beta2_d = h.beta2;
+  with_step(c, static_cast<double>(step));
   return c;
+}
+
+// Step 5's counter, read by every thread: the steps taken so far, so this one is the next (nullptr: the host's).
+__host__ __device__ inline void read_step(Coefficients& c, const float* state_step) {
+  if (state_step != nullptr) with_step(c, static_cast<double>(*state_step) + 1);
 }
 
 __host__ __device__ inline float to_float(float x) { return x; }
@@ -105,9 +120,11 @@ __host__ __device__ inline float multiplier_of(const float* grad_scale) {
 template <typename T, int kWidth>
 struct AdamWKernel {
   __host__ __device__ void operator()(Thread thread, T* p, const T* g, float* m, float* v, int64_t numel,
-                                      Coefficients c, const float* grad_scale, const float* found_inf) const {
+                                      Coefficients c, const float* grad_scale, const float* found_inf,
+                                      const float* state_step) const {
     // Step 5's scaler, read on the device by every thread: no host sync decides whether the step happens.
     if (found_inf != nullptr && *found_inf != 0.0f) return;
+    read_step(c, state_step);
     const float multiplier = multiplier_of(grad_scale);
     const int64_t packs = numel / kWidth;
     for (int64_t i = thread.index(); i < packs; i += thread.stride()) {
@@ -124,86 +141,83 @@ bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>
 // one is not (a view that starts mid-pack).
 template <typename T>
 const char* launch_adamw_as(T* p, const T* g, float* m, float* v, int64_t numel, const Coefficients& c,
-                            const Target& target, const float* grad_scale, const float* found_inf) {
+                            const Target& target, const float* grad_scale, const float* found_inf,
+                            const float* state_step) {
   constexpr int kWidth = 4;
   const bool packed = aligned(p, sizeof(T) * kWidth) && aligned(g, sizeof(T) * kWidth) &&
                       aligned(m, sizeof(float) * kWidth) && aligned(v, sizeof(float) * kWidth);
   const LaunchShape shape = launch_shape(numel, packed ? kWidth : 1, multiprocessors(target));
-  if (packed) return launch<AdamWKernel<T, kWidth>>(shape, target, p, g, m, v, numel, c, grad_scale, found_inf);
-  return launch<AdamWKernel<T, 1>>(shape, target, p, g, m, v, numel, c, grad_scale, found_inf);
+  if (packed) {
+    return launch<AdamWKernel<T, kWidth>>(shape, target, p, g, m, v, numel, c, grad_scale, found_inf, state_step);
+  }
+  return launch<AdamWKernel<T, 1>>(shape, target, p, g, m, v, numel, c, grad_scale, found_inf, state_step);
+}
+
+const char* launch_adamw_update(Dtype dtype, void* param, const void* grad, float* exp_avg, float* exp_avg_sq,
+                                int64_t numel, const Coefficients& c, const Target& target, const float* grad_scale,
+                                const float* found_inf, const float* state_step) {
+  switch (dtype) {
+    case Dtype::Float32:
+      return launch_adamw_as(static_cast<float*>(param), static_cast<const float*>(grad), exp_avg, exp_avg_sq, numel, c,
+                             target, grad_scale, found_inf, state_step);
+    case Dtype::BFloat16:
+      return launch_adamw_as(static_cast<__nv_bfloat16*>(param), static_cast<const __nv_bfloat16*>(grad), exp_avg,
+                             exp_avg_sq, numel, c, target, grad_scale, found_inf, state_step);
+    case Dtype::Float16:
+      return launch_adamw_as(static_cast<__half*>(param), static_cast<const __half*>(grad), exp_avg, exp_avg_sq, numel,
+                             c, target, grad_scale, found_inf, state_step);
+  }
+  return "launch_adamw: unknown dtype";
 }
 
 }  // namespace
 
 const char* launch_adamw(Dtype dtype, void* param, const void* grad, float* exp_avg, float* exp_avg_sq, int64_t numel,
                          const AdamWHyper& hyper, int64_t step, const Target& target, const float* grad_scale,
-                         const float* found_inf) {
-  const Coefficients c = coefficients(hyper, step);
-  switch (dtype) {
-    case Dtype::Float32:
-      return launch_adamw_as(static_cast<float*>(param), static_cast<const float*>(grad), exp_avg, exp_avg_sq, numel, c,
-                             target, grad_scale, found_inf);
-    case Dtype::BFloat16:
-      return launch_adamw_as(static_cast<__nv_bfloat16*>(param), static_cast<const __nv_bfloat16*>(grad), exp_avg,
-                             exp_avg_sq, numel, c, target, grad_scale, found_inf);
-    case Dtype::Float16:
-      return launch_adamw_as(static_cast<__half*>(param), static_cast<const __half*>(grad), exp_avg, exp_avg_sq, numel,
-                             c, target, grad_scale, found_inf);
-  }
-  return "launch_adamw: unknown dtype";
+                         const float* found_inf, float* state_step) {
+  const char* error = launch_adamw_update(dtype, param, grad, exp_avg, exp_avg_sq, numel, coefficients(hyper, step),
+                                          target, grad_scale, found_inf, state_step);
+  // After every thread of the update has read the count (the next launch on the target), unless the flag skipped it.
+  if (error == nullptr && state_step != nullptr) error = advance_step(state_step, found_inf, target);
+  return error;
 }
 // [cuda_kernel]
 
 // [cuda_multi]
 namespace {
 
-// What one multi-tensor launch carries to the GPU as its argument, by value: the tensors' pointers and, for each
-// block, which chunk of which of them it updates.
-template <typename T>
+// What one multi-tensor launch carries to the GPU as its argument, by value: a slot per tensor (its pointers and
+// size) and, for each block, which slot and which chunk of it the block updates. The AdamW launch and the unscale
+// launch differ only in their Slot and in how many slots fit (kernel arguments are limited to 4 KiB).
+template <typename Slot, int kMaxSlots>
 struct ChunkList {
-  T* p[kMaxTensorsPerLaunch];
-  const T* g[kMaxTensorsPerLaunch];
-  float* m[kMaxTensorsPerLaunch];
-  float* v[kMaxTensorsPerLaunch];
-  int64_t numel[kMaxTensorsPerLaunch];
+  Slot slot[kMaxSlots];
   unsigned char block_tensor[kMaxBlocksPerLaunch];
   int block_chunk[kMaxBlocksPerLaunch];
 };
 
-// One block, one chunk: the block's threads stride over the chunk's packs (block-stride, not grid-stride), the
-// elements after its last whole pack to its first threads, one each.
-template <typename T, int kWidth>
-struct AdamWMultiKernel {
-  __host__ __device__ void operator()(Thread thread, const ChunkList<T>& list, Coefficients c, const float* grad_scale,
-                                      const float* found_inf) const {
-    if (found_inf != nullptr && *found_inf != 0.0f) return;  // as the one-tensor kernel: no host sync
-    const float multiplier = multiplier_of(grad_scale);
-    const int t = list.block_tensor[thread.block];
-    const int64_t begin = static_cast<int64_t>(list.block_chunk[thread.block]) * kChunkElements;
-    const int64_t n = list.numel[t] - begin < kChunkElements ? list.numel[t] - begin : kChunkElements;
-    T* p = list.p[t] + begin;
-    const T* g = list.g[t] + begin;
-    float* m = list.m[t] + begin;
-    float* v = list.v[t] + begin;
-    const int64_t packs = n / kWidth;
-    for (int64_t i = thread.thread; i < packs; i += thread.threads) {
-      update_pack<T, kWidth>(p, g, m, v, i, c, multiplier);
-    }
-    const int64_t tail = packs * kWidth + thread.thread;
-    if (tail < n) update(p[tail], g[tail], m[tail], v[tail], c, multiplier);
-  }
-};
+// The chunk of block `thread.block`: its slot, where it starts in the slot's tensor, and its length.
+template <typename Slot, int kMaxSlots>
+__host__ __device__ const Slot& chunk_of(const ChunkList<Slot, kMaxSlots>& list, Thread thread, int64_t* begin,
+                                         int64_t* n) {
+  const Slot& s = list.slot[list.block_tensor[thread.block]];
+  *begin = static_cast<int64_t>(list.block_chunk[thread.block]) * kChunkElements;
+  *n = s.numel - *begin < kChunkElements ? s.numel - *begin : kChunkElements;
+  return s;
+}
 
-// Fills chunk lists in order and launches each when it is full (ATen's multi_tensor_apply does the same walk).
-template <typename T>
-class MultiLauncher {
+// Walks tensors and their chunks in order, filling chunk lists and sending each (send(list, blocks, packed)) when it
+// holds kMaxBlocksPerLaunch chunks or before a tensor that would be one slot too many; a tensor whose chunks fill a
+// list goes on in the next one (ATen's multi_tensor_apply does the same walk). Packed: every slot of the list is
+// aligned to a pack of 4.
+template <typename Slot, int kMaxSlots, typename Send>
+class ChunkWalker {
  public:
-  MultiLauncher(const Coefficients& c, const Target& target, const float* grad_scale, const float* found_inf)
-      : c_(c), target_(target), grad_scale_(grad_scale), found_inf_(found_inf) {}
+  explicit ChunkWalker(const Send& send) : send_(send) {}
 
-  void add(const TensorPointers& t) {
+  void add(const Slot& t) {
     if (t.numel == 0) return;
-    if (tensors_ == kMaxTensorsPerLaunch) send();
+    if (slots_ == kMaxSlots) send();
     int slot = put(t);
     const int64_t chunks = (t.numel + kChunkElements - 1) / kChunkElements;
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
@@ -216,7 +230,7 @@ class MultiLauncher {
     }
   }
 
-  // Launches what is left; the first error, or nullptr.
+  // Launches what is left; the number of launches, and the first error or nullptr.
   const char* finish(int64_t* launches) {
     send();
     if (launches != nullptr) *launches = launches_;
@@ -224,84 +238,148 @@ class MultiLauncher {
   }
 
  private:
-  int put(const TensorPointers& t) {
-    const int slot = tensors_++;
-    list_.p[slot] = static_cast<T*>(t.param);
-    list_.g[slot] = static_cast<const T*>(t.grad);
-    list_.m[slot] = t.exp_avg;
-    list_.v[slot] = t.exp_avg_sq;
-    list_.numel[slot] = t.numel;
-    packed_ = packed_ && aligned(t.param, sizeof(T) * 4) && aligned(t.grad, sizeof(T) * 4) &&
-              aligned(t.exp_avg, sizeof(float) * 4) && aligned(t.exp_avg_sq, sizeof(float) * 4);
+  int put(const Slot& t) {
+    const int slot = slots_++;
+    list_.slot[slot] = t;
+    packed_ = packed_ && t.aligned();
     return slot;
   }
 
   void send() {
     if (blocks_ > 0 && error_ == nullptr) {
-      LaunchShape shape;
-      shape.blocks = blocks_;
-      shape.threads = kThreadsPerBlock;
-      error_ = packed_ ? launch<AdamWMultiKernel<T, 4>>(shape, target_, list_, c_, grad_scale_, found_inf_)
-                       : launch<AdamWMultiKernel<T, 1>>(shape, target_, list_, c_, grad_scale_, found_inf_);
+      error_ = send_(list_, blocks_, packed_);
       ++launches_;
     }
-    tensors_ = 0;
+    slots_ = 0;
     blocks_ = 0;
     packed_ = true;
   }
 
-  ChunkList<T> list_;
-  int tensors_ = 0, blocks_ = 0;
+  ChunkList<Slot, kMaxSlots> list_;
+  int slots_ = 0, blocks_ = 0;
   bool packed_ = true;
   int64_t launches_ = 0;
   const char* error_ = nullptr;
-  Coefficients c_;
-  Target target_;
-  const float* grad_scale_;
-  const float* found_inf_;
+  Send send_;
+};
+
+template <typename Slot, int kMaxSlots, typename Send>
+ChunkWalker<Slot, kMaxSlots, Send> chunk_walker(const Send& send) {
+  return ChunkWalker<Slot, kMaxSlots, Send>(send);
+}
+
+// One tuple of the AdamW launch.
+template <typename T>
+struct AdamWSlot {
+  T* p;
+  const T* g;
+  float* m;
+  float* v;
+  int64_t numel;
+  bool aligned() const {
+    return fusion::cuda::aligned(p, sizeof(T) * 4) && fusion::cuda::aligned(g, sizeof(T) * 4) &&
+           fusion::cuda::aligned(m, sizeof(float) * 4) && fusion::cuda::aligned(v, sizeof(float) * 4);
+  }
 };
 
 template <typename T>
-const char* launch_adamw_multi_as(const TensorPointers* tensors, int64_t count, const Coefficients& c,
-                                  const Target& target, const float* grad_scale, const float* found_inf,
-                                  int64_t* launches) {
-  MultiLauncher<T> launcher(c, target, grad_scale, found_inf);
-  for (int64_t k = 0; k < count; ++k) launcher.add(tensors[k]);
-  return launcher.finish(launches);
+using AdamWList = ChunkList<AdamWSlot<T>, kMaxTensorsPerLaunch>;
+
+// One block, one chunk: the block's threads stride over the chunk's packs (block-stride, not grid-stride), the
+// elements after its last whole pack to its first threads, one each.
+template <typename T, int kWidth>
+struct AdamWMultiKernel {
+  __host__ __device__ void operator()(Thread thread, const AdamWList<T>& list, Coefficients c, const float* grad_scale,
+                                      const float* found_inf, const float* state_step) const {
+    if (found_inf != nullptr && *found_inf != 0.0f) return;  // as the one-tensor kernel: no host sync
+    read_step(c, state_step);
+    const float multiplier = multiplier_of(grad_scale);
+    int64_t begin, n;
+    const AdamWSlot<T>& s = chunk_of(list, thread, &begin, &n);
+    T* p = s.p + begin;
+    const T* g = s.g + begin;
+    float* m = s.m + begin;
+    float* v = s.v + begin;
+    const int64_t packs = n / kWidth;
+    for (int64_t i = thread.thread; i < packs; i += thread.threads) {
+      update_pack<T, kWidth>(p, g, m, v, i, c, multiplier);
+    }
+    const int64_t tail = packs * kWidth + thread.thread;
+    if (tail < n) update(p[tail], g[tail], m[tail], v[tail], c, multiplier);
+  }
+};
+
+// The series of launches for the tuples of one dtype (T), in the list's order.
+template <typename T>
+const char* adamw_series(const TensorPointers* tensors, int64_t count, Dtype dtype, const Coefficients& c,
+                         const Target& target, const float* grad_scale, const float* found_inf, const float* state_step,
+                         int64_t* launches) {
+  auto walker =
+      chunk_walker<AdamWSlot<T>, kMaxTensorsPerLaunch>([&](const AdamWList<T>& list, int blocks, bool packed) {
+        LaunchShape shape;
+        shape.blocks = blocks;
+        shape.threads = kThreadsPerBlock;
+        return packed ? launch<AdamWMultiKernel<T, 4>>(shape, target, list, c, grad_scale, found_inf, state_step)
+                      : launch<AdamWMultiKernel<T, 1>>(shape, target, list, c, grad_scale, found_inf, state_step);
+      });
+  for (int64_t k = 0; k < count; ++k) {
+    const TensorPointers& t = tensors[k];
+    if (t.dtype != dtype) continue;
+    walker.add({static_cast<T*>(t.param), static_cast<const T*>(t.grad), t.exp_avg, t.exp_avg_sq, t.numel});
+  }
+  return walker.finish(launches);
 }
 
 }  // namespace
 
-const char* launch_adamw_multi(Dtype dtype, const TensorPointers* tensors, int64_t count, const AdamWHyper& hyper,
-                               int64_t step, const Target& target, const float* grad_scale, const float* found_inf,
+const char* launch_adamw_multi(const TensorPointers* tensors, int64_t count, const AdamWHyper& hyper, int64_t step,
+                               const Target& target, const float* grad_scale, const float* found_inf, float* state_step,
                                int64_t* launches) {
   const Coefficients c = coefficients(hyper, step);
-  switch (dtype) {
-    case Dtype::Float32:
-      return launch_adamw_multi_as<float>(tensors, count, c, target, grad_scale, found_inf, launches);
-    case Dtype::BFloat16:
-      return launch_adamw_multi_as<__nv_bfloat16>(tensors, count, c, target, grad_scale, found_inf, launches);
-    case Dtype::Float16:
-      return launch_adamw_multi_as<__half>(tensors, count, c, target, grad_scale, found_inf, launches);
+  int64_t n[3] = {0, 0, 0};
+  const char* error =
+      adamw_series<float>(tensors, count, Dtype::Float32, c, target, grad_scale, found_inf, state_step, &n[0]);
+  if (error == nullptr) {
+    error = adamw_series<__nv_bfloat16>(tensors, count, Dtype::BFloat16, c, target, grad_scale, found_inf, state_step,
+                                        &n[1]);
   }
-  return "launch_adamw_multi: unknown dtype";
+  if (error == nullptr) {
+    error = adamw_series<__half>(tensors, count, Dtype::Float16, c, target, grad_scale, found_inf, state_step, &n[2]);
+  }
+  if (launches != nullptr) *launches = n[0] + n[1] + n[2];
+  // Once for the whole list, after every series has read the count.
+  if (error == nullptr && state_step != nullptr) error = advance_step(state_step, found_inf, target);
+  return error;
 }
 // [cuda_multi]
 
 // [cuda_unscale]
 namespace {
 
-// Notes whether each element, as read, is inf or NaN, then multiplies by *inv_scale unless it is 1 (as ATen's kernel
-// does). Every thread that finds one writes the same 1.0f to found_inf: no atomic is needed for a store that all
-// agree on.
+// One gradient of the unscale launch.
+template <typename T>
+struct UnscaleSlot {
+  T* g;
+  int64_t numel;
+  bool aligned() const { return fusion::cuda::aligned(g, sizeof(T) * 4); }
+};
+
+template <typename T>
+using UnscaleList = ChunkList<UnscaleSlot<T>, kMaxGradsPerLaunch>;
+
+// One block, one chunk, as AdamWMultiKernel: notes whether each element, as read, is inf or NaN, then multiplies by
+// *inv_scale unless it is 1 (as ATen's kernel does). Every thread that finds one writes the same 1.0f to found_inf:
+// no atomic is needed for a store that all agree on.
 template <typename T, int kWidth>
 struct UnscaleKernel {
-  __host__ __device__ void operator()(Thread thread, T* g, int64_t numel, float* found_inf,
+  __host__ __device__ void operator()(Thread thread, const UnscaleList<T>& list, float* found_inf,
                                       const float* inv_scale) const {
     const float inv = *inv_scale;
-    const int64_t packs = numel / kWidth;
+    int64_t begin, n;
+    T* g = chunk_of(list, thread, &begin, &n).g + begin;
+    const int64_t packs = n / kWidth;
     bool non_finite = false;
-    for (int64_t i = thread.index(); i < packs; i += thread.stride()) {
+    for (int64_t i = thread.thread; i < packs; i += thread.threads) {
       Pack<T, kWidth> pack = load_pack<kWidth>(g, i);
 #pragma unroll
       for (int k = 0; k < kWidth; ++k) {
@@ -311,8 +389,8 @@ struct UnscaleKernel {
       }
       if (inv != 1.0f) store_pack<kWidth>(g, i, pack);
     }
-    const int64_t tail = packs * kWidth + thread.index();
-    if (tail < numel) {
+    const int64_t tail = packs * kWidth + thread.thread;
+    if (tail < n) {
       const float x = to_float(g[tail]);
       non_finite = non_finite || !isfinite(x);
       if (inv != 1.0f) g[tail] = from_float<T>(x * inv);
@@ -322,27 +400,35 @@ struct UnscaleKernel {
 };
 
 template <typename T>
-const char* launch_unscale_as(T* g, int64_t numel, float* found_inf, const float* inv_scale, const Target& target) {
-  constexpr int kWidth = 4;
-  const bool packed = aligned(g, sizeof(T) * kWidth);
-  const LaunchShape shape = launch_shape(numel, packed ? kWidth : 1, multiprocessors(target));
-  if (packed) return launch<UnscaleKernel<T, kWidth>>(shape, target, g, numel, found_inf, inv_scale);
-  return launch<UnscaleKernel<T, 1>>(shape, target, g, numel, found_inf, inv_scale);
+const char* unscale_series(const GradPointer* grads, int64_t count, Dtype dtype, float* found_inf,
+                           const float* inv_scale, const Target& target, int64_t* launches) {
+  auto walker =
+      chunk_walker<UnscaleSlot<T>, kMaxGradsPerLaunch>([&](const UnscaleList<T>& list, int blocks, bool packed) {
+        LaunchShape shape;
+        shape.blocks = blocks;
+        shape.threads = kThreadsPerBlock;
+        return packed ? launch<UnscaleKernel<T, 4>>(shape, target, list, found_inf, inv_scale)
+                      : launch<UnscaleKernel<T, 1>>(shape, target, list, found_inf, inv_scale);
+      });
+  for (int64_t k = 0; k < count; ++k) {
+    if (grads[k].dtype == dtype) walker.add({static_cast<T*>(grads[k].grad), grads[k].numel});
+  }
+  return walker.finish(launches);
 }
 
 }  // namespace
 
-const char* launch_unscale(Dtype dtype, void* grad, int64_t numel, float* found_inf, const float* inv_scale,
-                           const Target& target) {
-  switch (dtype) {
-    case Dtype::Float32:
-      return launch_unscale_as(static_cast<float*>(grad), numel, found_inf, inv_scale, target);
-    case Dtype::BFloat16:
-      return launch_unscale_as(static_cast<__nv_bfloat16*>(grad), numel, found_inf, inv_scale, target);
-    case Dtype::Float16:
-      return launch_unscale_as(static_cast<__half*>(grad), numel, found_inf, inv_scale, target);
+const char* launch_unscale(const GradPointer* grads, int64_t count, float* found_inf, const float* inv_scale,
+                           const Target& target, int64_t* launches) {
+  int64_t n[3] = {0, 0, 0};
+  const char* error = unscale_series<float>(grads, count, Dtype::Float32, found_inf, inv_scale, target, &n[0]);
+  if (error == nullptr) {
+    error = unscale_series<__nv_bfloat16>(grads, count, Dtype::BFloat16, found_inf, inv_scale, target, &n[1]);
   }
-  return "launch_unscale: unknown dtype";
+  if (error == nullptr)
+    error = unscale_series<__half>(grads, count, Dtype::Float16, found_inf, inv_scale, target, &n[2]);
+  if (launches != nullptr) *launches = n[0] + n[1] + n[2];
+  return error;
 }
 // [cuda_unscale]
 
