@@ -83,6 +83,12 @@ void set_cpu_isa(CpuIsa isa);
 /// Given. "baseline" or "avx2".
 const char* cpu_isa_name(CpuIsa isa);
 
+/// Given. Counts the runs of each compiled copy of a kernel's loop: a kernel whose loop is compiled for both
+/// instruction sets calls note_loop_copy() in each copy (the reference: once per range a copy is called for), so
+/// that a check can see that set_cpu_isa() really switches copies; loop_copies_run() reads the count. A kernel with
+/// one copy of its loop need not call it (that check then says it is skipped).
+void note_loop_copy(CpuIsa isa);
+int64_t loop_copies_run(CpuIsa isa);
 
 /// Step 3. Rejects every input the kernel cannot handle, with a c10::Error whose message starts
 /// "fused_adamw_: " and names the problem:

@@ -113,6 +113,41 @@ TEST_CASE("[step2] nothing past a tensor's end is read or written: every tail, e
   }
 }
 
+TEST_CASE("[step2] views that start anywhere in their buffers, each operand alone: the bits of aligned tensors") {
+  // A view's first element may sit anywhere in a vector's width (a slice of a larger tensor): the kernel must start
+  // at data_ptr() (the view's offset included) and load without assuming alignment.
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  const int64_t n = 32768 + 13;  // two pieces and a partial vector
+  const char* names[4] = {"param", "grad", "exp_avg", "exp_avg_sq"};
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int which = 0; which < 4; ++which) {
+      for (int64_t offset : {1, 3, 7}) {
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(names[which]);
+        CAPTURE(offset);
+        torch::manual_seed(offset);
+        const torch::Tensor values[4] = {torch::randn({n}).to(dtype), torch::randn({n}).to(dtype),
+                                         torch::randn({n}) * 0.1, torch::rand({n})};
+        torch::Tensor buffers[4], operands[4];
+        for (int o = 0; o < 4; ++o) operands[o] = view_in_buffer(values[o], o == which ? offset : 0, buffers[o]);
+        State aligned = make_state(values[0].clone());
+        aligned.exp_avg = values[2].clone();
+        aligned.exp_avg_sq = values[3].clone();
+        fusion::adamw_kernel_cpu(operands[0], operands[1], operands[2], operands[3], hyper, 1, 0.5f);
+        fusion::adamw_kernel_cpu(aligned.param, values[1], aligned.exp_avg, aligned.exp_avg_sq, hyper, 1, 0.5f);
+        CHECK(torch::equal(operands[0], aligned.param));
+        CHECK(torch::equal(operands[2], aligned.exp_avg));
+        CHECK(torch::equal(operands[3], aligned.exp_avg_sq));
+        CHECK(torch::equal(operands[1], values[1]));
+        // Nothing written before the view or after it.
+        const torch::Tensor& b = buffers[which];
+        CHECK(b.narrow(0, 0, offset).eq(0.5).all().item<bool>());
+        CHECK(b[-1].item<float>() == 0.5f);
+      }
+    }
+  }
+}
+
 TEST_CASE("[step2] 16-bit parameters with float32 state: each step is the float32 step, rounded to nearest") {
   const int64_t n = 20011;
   for (const auto& [dtype, half_ulp] : {std::pair<torch::ScalarType, double>{torch::kBFloat16, std::ldexp(1.0, -8)},
@@ -218,6 +253,31 @@ TEST_CASE("[step2] the same bits whichever instruction set runs the loop: the ba
       }
     }
   }
+}
+
+TEST_CASE("[step2] set_cpu_isa switches the loop's copy: each instruction set runs its own") {
+  // The bits are the same either way (above), so only the copies' own count (note_loop_copy, given) shows that the
+  // switch is not ignored. A kernel with one copy of its loop does not count them: then this is skipped.
+  const int64_t n = 3 * 32768 + 5;
+  State s = make_state(torch::randn({n}).to(torch::kBFloat16));
+  const auto run = [&](fusion::CpuIsa isa) {
+    const IsaFor chosen(isa);
+    return copies_run_by([&] {
+      fusion::adamw_kernel_cpu(s.param, torch::randn({n}).to(torch::kBFloat16), s.exp_avg, s.exp_avg_sq,
+                               hyper_with(1e-2, 0.1), 1);
+    });
+  };
+  const auto baseline = run(fusion::CpuIsa::kBaseline);
+  if (baseline.first + baseline.second == 0) {
+    MESSAGE("skipped: this kernel does not count its loop's copies (note_loop_copy): one copy, nothing to switch");
+    return;
+  }
+  CHECK(baseline.first > 0);
+  CHECK(baseline.second == 0);
+  if (!has_avx2_copy()) return;
+  const auto avx2 = run(fusion::CpuIsa::kAvx2);
+  CHECK(avx2.second > 0);
+  CHECK(avx2.first == 0);
 }
 
 TEST_CASE("[step2] the fused kernel allocates nothing: no temporaries, unlike the unfused step") {

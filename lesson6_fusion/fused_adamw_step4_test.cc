@@ -40,6 +40,27 @@ TEST_CASE("[step4] the multi-tensor op gives the same bits on the baseline's 4 l
   }
 }
 
+TEST_CASE("[step4] set_cpu_isa switches the multi-tensor kernel's copy of the loop too") {
+  Lists l = make_lists(19);
+  const auto run = [&](fusion::CpuIsa isa) {
+    const IsaFor chosen(isa);
+    return copies_run_by([&] {
+      fusion::adamw_multi_kernel_cpu(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, hyper_with(1e-2, 0.1), 1);
+    });
+  };
+  const auto baseline = run(fusion::CpuIsa::kBaseline);
+  if (baseline.first + baseline.second == 0) {
+    MESSAGE("skipped: this kernel does not count its loop's copies (note_loop_copy): one copy, nothing to switch");
+    return;
+  }
+  CHECK(baseline.first > 0);
+  CHECK(baseline.second == 0);
+  if (!has_avx2_copy()) return;
+  const auto avx2 = run(fusion::CpuIsa::kAvx2);
+  CHECK(avx2.second > 0);
+  CHECK(avx2.first == 0);
+}
+
 TEST_CASE("[step4] the dispatcher finds workshop::fused_adamw_multi_, and empty tensors are accepted") {
   const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(fusion::kMultiOpName, "");
   std::ostringstream schema;
@@ -112,6 +133,17 @@ TEST_CASE("[step4] bad lists give their named errors, and nothing is written") {
     CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
                          Contains("overlap in memory"), c10::Error);
   }
+  SUBCASE("a gradient inside another tuple's parameter") {
+    // A gradient is only read, but that parameter is written in the same pass: the gradient would change under the
+    // kernel. Tuple 3 is bfloat16 of 7 elements, tuple 6 bfloat16 of 5000.
+    const torch::Tensor big = torch::randn({5007}).to(torch::kBFloat16);
+    l.params[6] = big.slice(0, 0, 5000);
+    l.grads[3] = big.slice(0, 5000, 5007);  // right after params[6]: the two touch and share nothing
+    CHECK_NOTHROW(fusion::check_adamw_multi_args(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1));
+    l.grads[3] = big.slice(0, 4999, 5006);  // its first element is params[6]'s last
+    CHECK_THROWS_WITH_AS(fusion::fused_adamw_multi_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, h, 1),
+                         Contains("grads[3] and params[6] overlap in memory"), c10::Error);
+  }
   SUBCASE("tuples on two devices") {
     // Tuple 2 (empty) on another device: each tuple is on one device, but the list is not. A meta tensor stands in
     // for a GPU (the check is called directly: the dispatcher would look for a meta kernel).
@@ -126,6 +158,42 @@ TEST_CASE("[step4] bad lists give their named errors, and nothing is written") {
                          Contains("all tensors must be on one device"), c10::Error);
   }
   for (const torch::Tensor& m : l.exp_avgs) CHECK(m.abs().sum().item<float>() == 0.0f);
+}
+
+TEST_CASE("[step4] tensors that touch (views of one flat buffer), starting mid-vector: the bits of separate tensors") {
+  // A piece that runs past its tensor's end would update the next tensor's first elements a second time; a kernel
+  // that assumes aligned addresses would read the wrong ones. Against the single operator on separate tensors.
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int64_t offset : {0, 1, 3}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(offset);
+      torch::manual_seed(17 + offset);
+      std::vector<torch::Tensor> p, g, m, v;
+      for (int64_t n : {5, 32768 + 3, 8, 1, 40000, 7}) {
+        p.push_back(torch::randn({n}).to(dtype));
+        g.push_back(torch::randn({n}).to(dtype));
+        m.push_back(torch::randn({n}) * 0.1);
+        v.push_back(torch::rand({n}));
+      }
+      torch::Tensor buffers[4];
+      std::vector<torch::Tensor> params = touching_views(p, offset, buffers[0]);
+      const std::vector<torch::Tensor> grads = touching_views(g, offset, buffers[1]);
+      std::vector<torch::Tensor> exp_avgs = touching_views(m, offset + 2, buffers[2]);  // another offset
+      std::vector<torch::Tensor> exp_avg_sqs = touching_views(v, offset + 1, buffers[3]);
+      for (int step = 1; step <= 2; ++step) {
+        fusion::fused_adamw_multi_(params, grads, exp_avgs, exp_avg_sqs, hyper, step);
+        for (size_t i = 0; i < p.size(); ++i) fusion::fused_adamw_(p[i], g[i], m[i], v[i], hyper, step);
+      }
+      for (size_t i = 0; i < p.size(); ++i) {
+        CAPTURE(i);
+        CHECK(torch::equal(params[i], p[i]));
+        CHECK(torch::equal(exp_avgs[i], m[i]));
+        CHECK(torch::equal(exp_avg_sqs[i], v[i]));
+      }
+      for (const torch::Tensor& b : buffers) CHECK(b[-1].item<float>() == 0.5f);  // the guard after the last view
+    }
+  }
 }
 
 TEST_CASE("[step4] the multi-tensor operator bumps the versions of the tensors it writes") {

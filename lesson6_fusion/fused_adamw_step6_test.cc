@@ -461,6 +461,221 @@ TEST_CASE("[step6] CPU grid: state_step counts the steps taken on the device; a 
   }
 }
 
+TEST_CASE("[step6] CPU grid: nothing past a tensor's end is read or written: every tail and dtype against walls") {
+  // Each tensor ends at an inaccessible page (guarded_copy): a read or a write of one element past the end crashes.
+  // A tensor that ends at a page starts mid-pack unless its size is a multiple of 4: the one-element path runs there.
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  std::vector<int64_t> sizes = tail_sizes();
+  sizes.push_back(fusion::cuda::kChunkElements + 3);  // a second chunk of 3 in the multi-tensor launch
+  std::vector<State> walled, plain;
+  std::vector<torch::Tensor> walled_grads, plain_grads;
+  torch::manual_seed(63);
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int64_t n : sizes) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(n);
+      State p = make_state(torch::randn({n}).to(dtype));
+      p.exp_avg.normal_();
+      p.exp_avg_sq.uniform_();
+      const torch::Tensor g = torch::randn({n}).to(dtype);
+      State w;
+      w.param = guarded_copy(p.param);
+      w.exp_avg = guarded_copy(p.exp_avg);
+      w.exp_avg_sq = guarded_copy(p.exp_avg_sq);
+      const torch::Tensor wg = guarded_copy(g);
+      // One tensor at a time, then the same again in one list below.
+      State single = copy_of(p), single_walled = copy_of(w);
+      single_walled.param = guarded_copy(p.param);
+      single_walled.exp_avg = guarded_copy(p.exp_avg);
+      single_walled.exp_avg_sq = guarded_copy(p.exp_avg_sq);
+      grid_adamw(single, g, hyper, cpu_grid(1, 3));
+      grid_adamw(single_walled, wg, hyper, cpu_grid(1, 3));
+      CHECK(same_state(single_walled, single));
+      walled.push_back(w);
+      plain.push_back(p);
+      walled_grads.push_back(wg);
+      plain_grads.push_back(g);
+    }
+  }
+  CHECK(grid_adamw_multi(walled, walled_grads, hyper, 1, cpu_grid(2, 5)) ==
+        grid_adamw_multi(plain, plain_grads, hyper, 1, cpu_grid(2, 5)));
+  for (size_t i = 0; i < walled.size(); ++i) {
+    CAPTURE(i);
+    CHECK(same_state(walled[i], plain[i]));
+  }
+  for (float inv : {0.5f, 1.0f}) {  // the unscale reads past the end: a read would find_inf from what lies there
+    CAPTURE(inv);
+    std::vector<torch::Tensor> grads = clones(plain_grads), guarded;
+    for (const torch::Tensor& g : plain_grads) guarded.push_back(guarded_copy(g));
+    torch::Tensor found = torch::zeros({1}), found_guarded = torch::zeros({1});
+    grid_unscale(grads, found, inv, cpu_grid(2, 7));
+    grid_unscale(guarded, found_guarded, inv, cpu_grid(2, 7));
+    CHECK(found_guarded.item<float>() == 0.0f);
+    for (size_t i = 0; i < grads.size(); ++i) CHECK(torch::equal(guarded[i], grads[i]));
+  }
+}
+
+TEST_CASE("[step6] CPU grid multi-tensor: sizes at and around multiples of the chunk, every chunk updated once") {
+  // A kernel that takes the last chunk's length as numel % kChunkElements leaves the last chunk of an exact multiple
+  // alone; one that does not clip it to the tensor updates the next tensor's first elements too (the views touch).
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  const int64_t chunk = fusion::cuda::kChunkElements;
+  // The first six keep every view aligned to a pack (packs of 4 run); the last two put the views after them mid-pack
+  // (one element at a time).
+  const std::vector<int64_t> aligned = {chunk - 4, chunk, chunk + 4, 2 * chunk - 4, 2 * chunk, 2 * chunk + 4};
+  std::vector<int64_t> mixed = aligned;
+  mixed.insert(mixed.end(), {chunk - 1, chunk + 1, 7});
+  for (const std::vector<int64_t>& sizes : {aligned, mixed}) {
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16}) {
+      CAPTURE(dtype_name(dtype));
+      torch::manual_seed(65);
+      // Views of four flat buffers, one after the other (each tensor's first element follows the last of the one
+      // before), one guard element after each buffer.
+      const torch::Tensor p_buffer = torch::randn({total + 1}).to(dtype),
+                          g_buffer = torch::randn({total + 1}).to(dtype);
+      const torch::Tensor m_buffer = torch::randn({total + 1}), v_buffer = torch::rand({total + 1});
+      std::vector<State> views, separate;
+      std::vector<torch::Tensor> view_grads, separate_grads;
+      int64_t at = 0;
+      for (int64_t n : sizes) {
+        State s;
+        s.param = p_buffer.narrow(0, at, n);
+        s.exp_avg = m_buffer.narrow(0, at, n);
+        s.exp_avg_sq = v_buffer.narrow(0, at, n);
+        view_grads.push_back(g_buffer.narrow(0, at, n));
+        separate.push_back(copy_of(s));
+        separate_grads.push_back(view_grads.back().clone());
+        views.push_back(s);
+        at += n;
+      }
+      const torch::Tensor guards[] = {p_buffer[total].clone(), m_buffer[total].clone(), v_buffer[total].clone()};
+      CHECK(grid_adamw_multi(views, view_grads, hyper, 1, cpu_grid(2, 11)) == 1);  // 11 or 16 chunks: one launch
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        CAPTURE(sizes[i]);
+        grid_adamw(separate[i], separate_grads[i], hyper, cpu_grid(1, 13));  // launch_adamw's bits, tensor by tensor
+        CHECK(same_state(views[i], separate[i]));
+      }
+      // The unscale, the same walk over the same gradients' views.
+      std::vector<torch::Tensor> unscaled = clones(separate_grads);
+      torch::Tensor found = torch::zeros({1});
+      CHECK(grid_unscale(view_grads, found, 0.25f, cpu_grid(2, 15)) == 1);
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        CAPTURE(sizes[i]);
+        CHECK(torch::equal(view_grads[i], (unscaled[i].to(torch::kFloat) * 0.25f).to(dtype)));
+      }
+      CHECK(found.item<float>() == 0.0f);
+      CHECK(torch::equal(p_buffer[total], guards[0]));
+      CHECK(torch::equal(m_buffer[total], guards[1]));
+      CHECK(torch::equal(v_buffer[total], guards[2]));
+    }
+  }
+}
+
+TEST_CASE("[step6] CPU grid: each operand alone starting mid-pack, in every position of a launch, is taken whole") {
+  // A packed load from a pointer that is not aligned to its pack stops the grid ("misaligned address", as a GPU
+  // would): every pointer must be looked at, not only the parameter's, and in every tensor of a launch.
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  const char* names[4] = {"param", "grad", "exp_avg", "exp_avg_sq"};
+  // Tuple `k` of `count` float32 tuples of `n` elements, operand `which` (0-3) one element into its buffer; the
+  // others aligned. The buffers are kept in `keep`.
+  const auto tuples = [](int64_t count, int64_t n, int64_t k, int which, std::vector<torch::Tensor>& keep,
+                         std::vector<torch::Tensor>& grads) {
+    std::vector<State> states;
+    for (int64_t t = 0; t < count; ++t) {
+      torch::manual_seed(t + 70);
+      const int64_t offset[4] = {0, 0, 0, 0};
+      torch::Tensor views[4];
+      const torch::Tensor values[4] = {torch::randn({n}), torch::randn({n}), torch::randn({n}) * 0.1, torch::rand({n})};
+      for (int o = 0; o < 4; ++o) {
+        keep.emplace_back();
+        views[o] = view_in_buffer(values[o], (t == k && o == which) ? 1 : offset[o], keep.back());
+      }
+      State s;
+      s.param = views[0];
+      s.exp_avg = views[2];
+      s.exp_avg_sq = views[3];
+      states.push_back(s);
+      grads.push_back(views[1]);
+    }
+    return states;
+  };
+  for (int which = 0; which < 4; ++which) {
+    CAPTURE(names[which]);
+    {  // launch_adamw
+      std::vector<torch::Tensor> keep, grads;
+      std::vector<State> one = tuples(1, 4096 + 8, 0, which, keep, grads);
+      State aligned = copy_of(one[0]);
+      grid_adamw(one[0], grads[0], hyper, cpu_grid(1, 3));
+      grid_adamw(aligned, grads[0].clone(), hyper, cpu_grid(1, 3));
+      CHECK(same_state(one[0], aligned));
+    }
+    // 40 tuples: two launches (36 + 4). The odd one first, in the middle and last of the first launch, first of the
+    // second.
+    for (int64_t k : {0, 17, 35, 36}) {
+      CAPTURE(k);
+      std::vector<torch::Tensor> keep, grads;
+      std::vector<State> multi = tuples(40, 1024, k, which, keep, grads);
+      std::vector<State> single;
+      for (const State& s : multi) single.push_back(copy_of(s));
+      CHECK(grid_adamw_multi(multi, grads, hyper, 1, cpu_grid(2, 5)) == 2);
+      for (size_t i = 0; i < multi.size(); ++i) {
+        grid_adamw(single[i], grads[i].clone(), hyper, cpu_grid(1, 3));
+        CHECK(same_state(multi[i], single[i]));
+      }
+    }
+  }
+  {                                        // a gradient mid-pack among aligned ones, in the multi-tensor unscale
+    for (int64_t k : {0, 55, 109, 110}) {  // first, middle, last of the first launch; first of the second
+      CAPTURE(k);
+      std::vector<torch::Tensor> keep(120), grads, expected;
+      torch::manual_seed(72);
+      for (int64_t t = 0; t < 120; ++t) {
+        grads.push_back(view_in_buffer(torch::randn({64}) * 8, t == k ? 1 : 0, keep[t]));
+        expected.push_back(grads.back() * 0.5f);
+      }
+      torch::Tensor found = torch::zeros({1});
+      CHECK(grid_unscale(grads, found, 0.5f, cpu_grid(2, 9)) == 2);
+      for (size_t t = 0; t < grads.size(); ++t) CHECK(torch::equal(grads[t], expected[t]));
+    }
+  }
+}
+
+TEST_CASE("[step6] CPU grid multi-tensor: the tensors per launch at their limit, and one past it") {
+  const fusion::AdamWHyper hyper = hyper_with(1e-2, 0.1);
+  const int limit = fusion::cuda::kMaxTensorsPerLaunch;
+  for (int count : {limit - 1, limit, limit + 1, 2 * limit, 2 * limit + 1}) {
+    CAPTURE(count);
+    torch::manual_seed(count);
+    std::vector<State> multi, single;
+    std::vector<torch::Tensor> grads;
+    for (int t = 0; t < count; ++t) {
+      multi.push_back(make_state(torch::randn({t % 5 + 1})));  // small: the tensors fill a launch before its blocks
+      single.push_back(copy_of(multi.back()));
+      grads.push_back(torch::randn({t % 5 + 1}));
+    }
+    CHECK(grid_adamw_multi(multi, grads, hyper, 1, cpu_grid(1, 2)) == (count + limit - 1) / limit);
+    for (int t = 0; t < count; ++t) {
+      grid_adamw(single[t], grads[t], hyper, cpu_grid(1, 3));
+      CHECK(same_state(multi[t], single[t]));
+    }
+  }
+  const int grads_limit = fusion::cuda::kMaxGradsPerLaunch;
+  for (int count : {grads_limit, grads_limit + 1}) {
+    CAPTURE(count);
+    std::vector<torch::Tensor> grads, expected;
+    for (int t = 0; t < count; ++t) {
+      grads.push_back(torch::randn({t % 7 + 1}) * 4);
+      expected.push_back(grads.back() * 0.25f);
+    }
+    torch::Tensor found = torch::zeros({1});
+    CHECK(grid_unscale(grads, found, 0.25f, cpu_grid(1, 2)) == (count + grads_limit - 1) / grads_limit);
+    for (int t = 0; t < count; ++t) CHECK(torch::equal(grads[t], expected[t]));
+    CHECK(found.item<float>() == 0.0f);
+  }
+}
+
 namespace {
 
 // The GPU cases need the kernels in the binary: Bazel builds them where LibTorch has CUDA and nvcc was found.

@@ -137,6 +137,16 @@ inline bool has_avx2_copy() {
   return false;
 }
 
+// The runs of each copy of the kernels' loop while `f` runs (given code's note_loop_copy): (baseline, avx2).
+template <typename F>
+inline std::pair<int64_t, int64_t> copies_run_by(const F& f) {
+  const int64_t before[2] = {fusion::loop_copies_run(fusion::CpuIsa::kBaseline),
+                             fusion::loop_copies_run(fusion::CpuIsa::kAvx2)};
+  f();
+  return {fusion::loop_copies_run(fusion::CpuIsa::kBaseline) - before[0],
+          fusion::loop_copies_run(fusion::CpuIsa::kAvx2) - before[1]};
+}
+
 // The OpenMP parallel regions entered while counting: LibTorch's OpenMP build enters one per at::parallel_for
 // that runs on several threads (GCC turns `#pragma omp parallel` into a call of libgomp's GOMP_parallel, which the
 // test binary's own definition below counts and forwards).
@@ -192,6 +202,24 @@ inline torch::Tensor view_in_buffer(const torch::Tensor& values, int64_t offset,
   torch::Tensor view = buffer.narrow(0, offset, n);
   view.copy_(values);
   return view;
+}
+
+// Views of one flat buffer of `dtype` (made here, 0.5 everywhere else), one after the other from element `offset`,
+// of `sizes` elements, holding `values` (one tensor per size): tensors that touch, each one's first element right
+// after the last of the one before. One guard element after the last.
+inline std::vector<torch::Tensor> touching_views(const std::vector<torch::Tensor>& values, int64_t offset,
+                                                 torch::Tensor& buffer) {
+  int64_t total = offset;
+  for (const torch::Tensor& v : values) total += v.numel();
+  buffer = torch::full({total + 1}, 0.5, values.at(0).options());
+  std::vector<torch::Tensor> views;
+  int64_t at = offset;
+  for (const torch::Tensor& v : values) {
+    views.push_back(buffer.narrow(0, at, v.numel()));
+    views.back().copy_(v);
+    at += v.numel();
+  }
+  return views;
 }
 
 // The sizes whose tails a kernel may get wrong: every remainder after full vectors of 8 float lanes (AVX2's

@@ -143,6 +143,9 @@ namespace {
 // -1 until the first cpu_isa() reads the environment; then the CpuIsa in use.
 std::atomic<int> isa_in_use{-1};
 
+// The runs of each copy of a kernel's loop (note_loop_copy), by CpuIsa.
+std::atomic<int64_t> copies_run[2] = {{0}, {0}};
+
 }  // namespace
 
 // [cpu_isa]
@@ -174,6 +177,10 @@ void set_cpu_isa(CpuIsa isa) {
 }
 
 const char* cpu_isa_name(CpuIsa isa) { return isa == CpuIsa::kAvx2 ? "avx2" : "baseline"; }
+
+void note_loop_copy(CpuIsa isa) { copies_run[isa == CpuIsa::kAvx2 ? 1 : 0].fetch_add(1, std::memory_order_relaxed); }
+
+int64_t loop_copies_run(CpuIsa isa) { return copies_run[isa == CpuIsa::kAvx2 ? 1 : 0].load(std::memory_order_relaxed); }
 // [cpu_isa]
 
 bool is_given(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }

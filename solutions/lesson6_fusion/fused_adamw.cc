@@ -261,6 +261,7 @@ __attribute__((always_inline)) inline void adamw_loop(T* p, const T* g, float* m
 template <typename T>
 __attribute__((flatten)) void adamw_loop_baseline(T* p, const T* g, float* m, float* v, int64_t begin, int64_t end,
                                                   const Coefficients& c, bool decay) {
+  note_loop_copy(CpuIsa::kBaseline);  // given: lets a check see which copy ran (one call per range)
   adamw_loop(p, g, m, v, begin, end, c, decay);
 }
 
@@ -268,6 +269,7 @@ __attribute__((flatten)) void adamw_loop_baseline(T* p, const T* g, float* m, fl
 template <typename T>
 __attribute__((target("avx2,fma"), flatten)) void adamw_loop_avx2(T* p, const T* g, float* m, float* v, int64_t begin,
                                                                   int64_t end, const Coefficients& c, bool decay) {
+  note_loop_copy(CpuIsa::kAvx2);
   adamw_loop(p, g, m, v, begin, end, c, decay);
 }
 #endif
