@@ -27,7 +27,8 @@ namespace mem {
 int64_t bytes_of(const std::vector<at::Tensor>& tensors);
 
 /// Step 1 (cheap lever). Drops the gradient of every tensor in `parameters` (grad becomes undefined), so its
-/// memory is freed now instead of being overwritten with zeros later. Undefined tensors are an error.
+/// memory is freed now instead of being overwritten with zeros later. Undefined tensors are an error
+/// ("undefined").
 void set_grads_to_none(const std::vector<at::Tensor>& parameters);
 
 /// Step 1 (cheap lever). Runs `loss_fn` without recording the graph (torch::NoGradGuard): nothing is kept for
@@ -50,8 +51,8 @@ struct Breakdown {
 /// Step 1. Measures one training step with `meter`-style counting on `device`: sets the gradients of
 /// `parameters` to none, then loss = loss_fn() (activations = bytes left allocated), loss.backward()
 /// (gradients = bytes_of the grads), optimizer.step() (optimizer_state = bytes it added). The batch that
-/// `loss_fn` reads must already exist: it is not counted. Throws if `parameters` is empty, `loss_fn` is empty,
-/// or the loss is not a one-element tensor that requires grad.
+/// `loss_fn` reads must already exist: it is not counted. Throws if `parameters` is empty ("no parameters"),
+/// `loss_fn` is empty, or the loss is not a one-element tensor that "requires grad".
 Breakdown measure_breakdown(const std::vector<at::Tensor>& parameters, torch::optim::Optimizer& optimizer,
                             const std::function<at::Tensor()>& loss_fn, c10::Device device);
 

@@ -20,18 +20,16 @@ namespace mem {
 
 // [get_rng_state]
 RngState get_rng_state(int cuda_device) {
-  // TODO(lesson4, step 2): state.cpu = the default CPU generator's get_state() (at::detail::
-  // getDefaultCPUGenerator(); hold its mutex() while you read). If cuda_device >= 0: the same with
-  // at::cuda::detail::getDefaultCUDAGenerator(cuda_device) inside #if WORKSHOP_HAS_CUDA (an error otherwise),
-  // and remember cuda_device.
+  // TODO(lesson4, step 2): Read the default CPU generator's get_state() under its mutex(); if cuda_device >= 0, also
+  // that CUDA device's generator's, inside #if WORKSHOP_HAS_CUDA (about 15 lines)
   TORCH_CHECK(false, "TODO(lesson4, step 2): get_rng_state() is not implemented yet");
 }
 // [get_rng_state]
 
 // [set_rng_state]
 void set_rng_state(const RngState& state) {
-  // TODO(lesson4, step 2): Reject a state without a CPU part ("CPU"). set_state() the CPU generator (under its
-  // mutex), and the CUDA one when state.cuda is defined.
+  // TODO(lesson4, step 2): Reject a state without a CPU part; set_state() the CPU generator under its mutex, and the
+  // CUDA one when state.cuda is defined (about 15 lines)
   TORCH_CHECK(false, "TODO(lesson4, step 2): set_rng_state() is not implemented yet");
 }
 // [set_rng_state]
@@ -54,23 +52,15 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 c10::intrusive_ptr<SegmentState> state, at::TensorList inputs,
                                                 at::TensorList parameters) {
-    // TODO(lesson4, step 2): apply() already runs this with grad mode off. Record in `state` the number of
-    // inputs, the RNG state (get_rng_state(cuda_device_of(...))) and current_autocast_state(). Run the
-    // segment (reject an empty result: "returned no tensors"). save_for_backward(inputs then parameters),
-    // put the state capsule in ctx->saved_data["state"], return the outputs.
+    // TODO(lesson4, step 2): Record the input count, RNG state and autocast state in `state`; run the segment; save
+    // inputs and parameters and the state capsule in ctx; return the outputs (about 10 lines)
     TORCH_CHECK(false, "TODO(lesson4, step 2): CheckpointFunction::forward() is not implemented yet");
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    // TODO(lesson4, step 2): Get the state and the saved tensors. Detach the inputs into fresh leaves
-    // (requires_grad as the originals). Save the current RNG state, set the forward's, and with
-    // AutocastReplay(state->autocast) and at::AutoGradMode(true) run the segment again; put the RNG state
-    // back, also if the segment throws (a small RAII object whose destructor calls set_rng_state). If no
-    // recomputed output requires grad, throw "no recomputed output requires grad". Then
-    // torch::autograd::grad(outputs that require grad, [inputs and parameters that require grad],
-    // their grad_outputs, false, false, /*allow_unused=*/true). Return one slot per forward argument:
-    // undefined for the state, then the inputs' gradients, then the parameters'.
+    // TODO(lesson4, step 2): Rerun the segment on fresh leaves of the inputs with grad on and the forward's RNG and
+    // autocast state, then torch::autograd::grad to inputs and parameters (about 50 lines)
     TORCH_CHECK(false, "TODO(lesson4, step 2): CheckpointFunction::backward() is not implemented yet");
   }
 };
@@ -81,11 +71,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 // [checkpoint]
 std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at::Tensor>& inputs,
                                    const std::vector<at::Tensor>& parameters) {
-  // TODO(lesson4, step 2): Reject an empty segment ("segment is empty"), no inputs ("no inputs") and
-  // undefined inputs. With grad mode off (at::GradMode::is_enabled()) just return segment(inputs). Reject
-  // the case where no input and no parameter requires grad ("requires grad"). Then
-  // CheckpointFunction::apply(c10::make_intrusive<SegmentState>() holding the segment, at::TensorList(inputs),
-  // at::TensorList(parameters)).
+  // TODO(lesson4, step 2): Reject bad input (checkpoint.h); with grad mode off return segment(inputs); refuse when
+  // nothing requires grad; else CheckpointFunction::apply(...) (about 15 lines)
   TORCH_CHECK(false, "TODO(lesson4, step 2): checkpoint() is not implemented yet");
 }
 // [checkpoint]

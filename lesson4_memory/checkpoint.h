@@ -38,7 +38,7 @@ struct RngState {
 RngState get_rng_state(int cuda_device = -1);
 
 /// Step 2. Puts the generators back into `state` (the CUDA one only if it was captured). Throws if
-/// state.cpu is undefined.
+/// state.cpu is undefined (a message naming the "CPU" state).
 void set_rng_state(const RngState& state);
 
 /// Step 2. Runs `segment` on `inputs` without keeping its activations, and returns its outputs. In backward,
@@ -48,10 +48,11 @@ void set_rng_state(const RngState& state);
 /// With grad mode off (e.g. under torch::NoGradGuard) it simply returns segment(inputs). The forward pass runs
 /// without grad mode: while it runs, at most a couple of the segment's activations exist at any moment.
 /// Backward leaves the random stream as it found it, also when the recomputation throws.
-/// Throws if `segment` is empty, `inputs` is empty, or — with grad mode on — none of `inputs` and
-/// `parameters` requires grad (nothing could receive a gradient). Backward throws "no recomputed output
-/// requires grad" when the recomputed segment's outputs do not require grad (as PyTorch's checkpoint does),
-/// instead of silently returning no gradient.
+/// Throws if `segment` is empty ("segment is empty"), `inputs` is empty ("no inputs"), or — with grad mode on
+/// — none of `inputs` and `parameters` "requires grad" (nothing could receive a gradient); also when the
+/// segment "returned no tensors". Backward throws when the recomputed segment's outputs do not require grad
+/// ("no recomputed output requires grad", as PyTorch's checkpoint does), instead of silently returning no
+/// gradient.
 std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at::Tensor>& inputs,
                                    const std::vector<at::Tensor>& parameters = {});
 
@@ -63,8 +64,8 @@ std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at:
 /// segments - 1 segments n / segments layers each and the remainder to the last (plain) one: 7 layers in 3
 /// segments are 3+2+2 here, 2+2+3 there. Near-equal segments keep the largest one, which sets the
 /// recomputation's peak, as small as possible.
-/// segments == 1 is the plain forward pass. Throws if segments < 1, segments > layer_count(model) (named
-/// "more segments than layers"), or the model is empty.
+/// segments == 1 is the plain forward pass. Throws if segments < 1 ("segments must be >= 1"), segments >
+/// layer_count(model) (named "more segments than layers"), or the model is empty ("no layers").
 at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments, const at::Tensor& input);
 
 /// Given (its own file would need <torch/nn/modules/container/sequential.h>, slow to compile). The number of

@@ -10,11 +10,8 @@ namespace mem {
 
 // [checkpoint_sequential]
 at::Tensor checkpoint_sequential(torch::nn::Sequential& model, int64_t segments, const at::Tensor& input) {
-  // TODO(lesson4, step 3): Reject an empty model ("no layers"), segments < 1 ("segments must be >= 1") and
-  // segments > layer_count(model) ("more segments"). Split the layers: n / segments each, the first
-  // n % segments one more. Each segment's layers run as layers_segment(model, begin, end). Every segment but
-  // the last goes through checkpoint() with layer_parameters(model, begin, end); the last runs plainly.
-  // Return the final output.
+  // TODO(lesson4, step 3): Reject bad input (checkpoint.h); split the layers into `segments` near-equal runs (the first
+  // n % segments one layer more), checkpoint() all but the last, run the last plainly (about 20 lines)
   TORCH_CHECK(false, "TODO(lesson4, step 3): checkpoint_sequential() is not implemented yet");
 }
 // [checkpoint_sequential]

@@ -64,7 +64,8 @@ struct Plan {
 
 /// Step 4. Picks the first of candidate_recipes(batch, layers) whose probed peak is <= budget_bytes. Probes
 /// the least-memory recipe first: if even it does not fit, throws "no recipe fits the budget of
-/// <budget_bytes>" and names the smallest peak. Throws if budget_bytes <= 0 or `probe` is empty.
+/// <budget_bytes>" and names the smallest peak. Throws if budget_bytes <= 0, and when the `probe` is empty
+/// ("probe is empty").
 Plan plan_for_budget(int64_t budget_bytes, int64_t batch, int64_t layers, const PeakProbe& probe);
 
 }  // namespace mem
