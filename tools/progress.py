@@ -199,7 +199,11 @@ def todos(lesson, root, step=None):
             else:
                 mine = k == step and marker in line
             if mine and line.strip().startswith("//"):  # the comment, not the TORCH_CHECK
-                found.append(("%s/%s:%d" % (lesson["dir"], name, number), line.strip().lstrip("/ ")))
+                text = line.strip().lstrip("/ ")
+                nxt = lines[number].strip() if number < len(lines) else ""
+                if nxt.startswith("//") and "TODO(" not in nxt and not re.match(r"^// \[\w+\]$", nxt):
+                    text += " " + nxt.lstrip("/ ")  # a TODO is two lines at most: the second says its size
+                found.append(("%s/%s:%d" % (lesson["dir"], name, number), text))
     return found
 
 
