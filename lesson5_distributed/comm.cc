@@ -15,6 +15,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
 
 #include "common/compat/compat_distributed.h"
@@ -229,6 +230,15 @@ AsyncWork Comm::all_reduce_async(const at::Tensor& tensor) {
 }
 
 void Comm::broadcast(const at::Tensor& tensor, int root) {
+  if (tensor.defined() && !tensor.is_contiguous()) {
+    // Any layout (a channels_last parameter, a strided view), on every rank whatever its peers' layouts: the
+    // same call through a contiguous copy, so that a rank whose tensor is laid out otherwise does not fail alone.
+    const at::Tensor flat = tensor.contiguous();
+    broadcast(flat, root);
+    at::NoGradGuard no_grad;
+    tensor.copy_(flat);
+    return;
+  }
   impl_->check_tensor("broadcast", tensor);
   TORCH_CHECK(root >= 0 && root < impl_->world_size, "rank ", impl_->rank, ": broadcast from root ", root,
               ", but the group has ranks 0 .. ", impl_->world_size - 1);

@@ -88,7 +88,8 @@ class Comm {
   void all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   /// Starts a sum all-reduce of `tensor` in the background (Gloo's worker threads) and returns at once.
   AsyncWork all_reduce_async(const at::Tensor& tensor);
-  /// Copies `tensor` of rank `root` into `tensor` of every other rank.
+  /// Copies `tensor` of rank `root` into `tensor` of every other rank. Any layout (channels_last, a strided
+  /// view; each rank's own): a non-contiguous tensor travels through a contiguous copy.
   void broadcast(const at::Tensor& tensor, int root);
   /// Every rank's `input` (all of the same shape), in rank order: out[r] is rank r's.
   std::vector<at::Tensor> all_gather(const at::Tensor& input);

@@ -97,8 +97,8 @@ void average_gradients_bucketed(dist::Comm& comm, const std::vector<at::Tensor>&
 // [reducer]
 Reducer::Reducer(dist::Comm& comm, std::vector<at::Tensor> params, ReducerOptions options)
     : comm_(comm), options_(options) {
-  // TODO(lesson5, step 3): sync_module_states; keep the parameters that require grad, each once, and check them
-  // across ranks; buckets, their offsets and flat buffers; a hook per parameter (about 33 lines).
+  // TODO(lesson5, step 3): sync_module_states; keep the parameters that require grad, each once; agree on them and
+  // the bucket limits across ranks; buckets, their offsets and flat buffers; a hook per parameter (about 50 lines).
   TORCH_CHECK(false, "TODO(lesson5, step 3): Reducer() is not implemented yet");
 }
 // [reducer]

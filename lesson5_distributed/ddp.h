@@ -114,9 +114,13 @@ class Reducer {
   /// as DDP verifies the parameters it reduces: ranks that freeze different layers or tie weights differently
   /// pass the check of the whole model), makes the buckets (make_buckets with both limits) and one flat buffer
   /// per bucket, and registers a gradient hook on every kept parameter that calls grad_ready(i, grad).
-  /// Errors, on every rank: "the parameters that require grad, each once, differ across ranks" followed by
-  /// check_same_shapes' "parameter shapes differ across ranks: rank 0 has 6 parameters ..., rank 1 has 4 ...";
-  /// no parameter requires grad.
+  /// The bucket limits are agreed in the same all-gather (5 int64 per rank: describe() of the kept list, then
+  /// bucket_bytes and first_bucket_bytes as make_buckets reads it), since other limits make other buckets;
+  /// `overlap` may differ. Errors, on every rank: "the parameters that require grad, each once, differ across
+  /// ranks" followed by check_same_shapes' "parameter shapes differ across ranks: rank 0 has 6 parameters ...,
+  /// rank 1 has 4 ..."; "the bucket limits differ across ranks: rank 0 has bucket_bytes B and first_bucket_bytes
+  /// F, rank r has B' and F'"; no parameter requires grad. A failed all-gather (a timeout, a peer that exited)
+  /// is reported as such, not as parameters that differ.
   Reducer(dist::Comm& comm, std::vector<at::Tensor> params, ReducerOptions options = {});
   ~Reducer();
   Reducer(const Reducer&) = delete;
@@ -265,8 +269,8 @@ class ZeroOptimizer {
   /// Step 5. Keeps each tensor once (a tensor listed twice, e.g. tied weights, would be stepped twice by one
   /// optimizer, or have its state on two ranks), then check_same_shapes over that list (a model that differs
   /// across ranks gives the shape error on every rank, not mismatched broadcasts), partitions it and makes this
-  /// rank's optimizer over its own ones with `factory`; a rank that owns nothing gets empty_shard() instead, so
-  /// that its optimizer and scaler have a (zero-sized) shard. owners() is indexed by that list. Errors: no
+  /// rank's optimizer over its own ones with `factory`; a rank that owns nothing, or only parameters that do not
+  /// require grad, gets empty_shard() too, so that its optimizer and scaler have a (zero-sized) shard. owners() is indexed by that list. Errors: no
   /// parameters.
   ZeroOptimizer(dist::Comm& comm, std::vector<at::Tensor> params, const OptimizerFactory& factory);
   ~ZeroOptimizer();
@@ -280,8 +284,9 @@ class ZeroOptimizer {
   /// Step 5. With the ShardedGradScaler (step 4): scaler.step(this rank's optimizer), which unscales (and
   /// agrees) unless the caller already called scaler.unscale_(local_optimizer()); sync_parameters() when it
   /// stepped (every rank agrees, so the broadcasts match). Returns whether the step ran. The caller calls
-  /// scaler.update(). A rank that owns no parameter takes part with its empty shard: its unscale_ finds no inf
-  /// and joins the agreement with 0, as PyTorch's ShardedGradScaler lets such a rank do. Errors: a scaler on
+  /// scaler.update(). A rank that owns no parameter, or only frozen ones (requires_grad false), takes part with
+  /// its empty shard: its unscale_ finds no inf and joins the agreement with 0, as PyTorch's ShardedGradScaler
+  /// lets a rank without gradients do. Errors: a scaler on
   /// another communicator (before any collective).
   bool step(ShardedGradScaler& scaler);
   /// Step 5. Sets every gradient to none (all parameters, not only the owned ones); keeps the empty shard's.

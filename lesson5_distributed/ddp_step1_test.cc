@@ -220,6 +220,32 @@ TEST_CASE("[step1] sync_module_states gives every rank rank 0's parameters and b
   check_every_rank_failed_with(outcomes, "parameter shapes differ across ranks");
 }
 
+TEST_CASE("[step1] sync_module_states sends a channels_last parameter, also where only one rank has that layout") {
+  // A convolution's weight in channels_last is not contiguous: it must still be sent, and a rank whose layout
+  // differs from its peers' must not fail alone while they wait. Each rank keeps its own layout.
+  for (bool on_both : {false, true}) {
+    CAPTURE(on_both);
+    std::vector<torch::Tensor> weights;
+    for (int r = 0; r < 2; ++r) {
+      torch::manual_seed(20 + r);  // other values on each rank
+      torch::Tensor w = torch::randn({2, 3, 4, 4});
+      if (on_both || r == 1) w = w.contiguous(torch::MemoryFormat::ChannelsLast);
+      weights.push_back(w.requires_grad_());
+    }
+    const torch::Tensor expected = weights[0].detach().clone();
+    const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+      ddp::sync_module_states(comm, {weights[comm.rank()]});
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      INFO(outcomes[r].error);
+      REQUIRE(outcomes[r].ok);
+      CHECK(torch::equal(weights[r], expected));
+      CHECK(weights[r].is_contiguous(torch::MemoryFormat::ChannelsLast) == (on_both || r == 1));
+    }
+  }
+}
+
 // ---- GPU ----------------------------------------------------------------------------------------------------
 
 bool two_gpus_with_nccl() {

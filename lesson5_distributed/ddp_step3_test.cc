@@ -3,7 +3,9 @@
 // The seeded problems and the helpers that start ranks are in ddp_test_helpers.h.
 #include "lesson5_distributed/ddp_test_helpers.h"
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch/torch.h>
@@ -153,6 +155,49 @@ TEST_CASE("[step3] ranks that freeze or tie differently get a clear error at con
         tie ? "rank 0 has 6 parameters with 484 elements, rank 1 has 7 parameters with 548 elements"
             : "rank 0 has 6 parameters with 484 elements, rank 1 has 4 parameters with 340 elements");
   }
+}
+
+TEST_CASE("[step3] ranks given different bucket limits get a clear error at construction, not mismatched buckets") {
+  const Data data(8);
+  // First limits of 256 bytes: buckets {b3, W3} then the rest (1664 B) with the default limit, or {b2, W2} and
+  // {b1, W1} with 512; a first limit of 256 on rank 1 only: one bucket of all 1936 B on rank 0, two on rank 1.
+  for (bool first : {false, true}) {
+    CAPTURE(first);
+    auto models = replicas(2);
+    check_fails_on_every_rank(
+        2,
+        [&](dist::Comm& comm) {
+          const int r = comm.rank();
+          ddp::ReducerOptions options;
+          if (!first) options.first_bucket_bytes = 256;
+          if (r == 1) (first ? options.first_bucket_bytes : options.bucket_bytes) = first ? 256 : 512;
+          ddp::Reducer reducer(comm, models[r]->parameters(), options);
+          shard_loss(models[r], data, r, 2).backward();
+          reducer.finish();
+        },
+        first ? "the bucket limits differ across ranks: rank 0 has bucket_bytes 26214400 and first_bucket_bytes "
+                "1048576, rank 1 has 26214400 and 256"
+              : "the bucket limits differ across ranks: rank 0 has bucket_bytes 26214400 and first_bucket_bytes 256, "
+                "rank 1 has 512 and 256");
+  }
+}
+
+TEST_CASE("[step3] a peer that never joins the reducer's check is reported as a timeout, not as other parameters") {
+  auto models = replicas(2);
+  const auto outcomes = dist::run_ranks_collect(launch(2, 3000), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    if (r == 0) {
+      ddp::Reducer reducer(comm, models[r]->parameters());
+    } else {
+      ddp::sync_module_states(comm, models[r]->parameters());  // the reducer's first agreement, then nothing
+      std::this_thread::sleep_for(std::chrono::milliseconds(4500));
+    }
+  });
+  REQUIRE(outcomes.size() == 2);
+  INFO(outcomes[0].error);
+  CHECK_FALSE(outcomes[0].ok);
+  CHECK(outcomes[0].error.find("timed out") != std::string::npos);
+  CHECK(outcomes[0].error.find("differ across ranks") == std::string::npos);
 }
 
 TEST_CASE("[step3] frozen parameters are skipped and a tensor listed twice is reduced once (fine-tuning works)") {

@@ -342,6 +342,92 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("[step5] ZeRO with the sharded scaler: a rank that owns only frozen parameters agrees with no inf") {
+  // Linear(4, 1) with its bias frozen, on 2 ranks: rank 0 owns the weight, rank 1 only the frozen bias, which gets
+  // no gradient. As a rank without gradients in PyTorch's ShardedGradScaler, rank 1 joins the found_inf agreement
+  // with 0: an inf in rank 0's shard skips the step everywhere, and the next, clean step runs everywhere.
+  std::vector<torch::nn::Linear> models;
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(3);
+    models.push_back(torch::nn::Linear(4, 1));
+    models.back()->bias.requires_grad_(false);
+  }
+  std::vector<int> stepped_inf(2, -1), stepped_clean(2, -1), owner_of_bias(2, -1);
+  std::vector<int64_t> state(2, -1);
+  std::vector<std::vector<torch::Tensor>> before(2), after_inf(2), after_clean(2);
+  const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    const auto params = models[r]->parameters();  // weight, bias
+    ddp::Reducer reducer(comm, params);
+    ddp::ZeroOptimizer zero(comm, params, adam);
+    owner_of_bias[r] = zero.owners()[1];
+    amp::GradScalerOptions options;
+    options.init_scale = 1024;
+    ddp::ShardedGradScaler scaler(comm, options);
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      zero.zero_grad();
+      scaler.scale(models[r]->forward(torch::ones({2, 4}) * (r + 1)).sum()).backward();
+      reducer.finish();
+      if (iteration == 0 && r == 0) {  // an overflow only rank 0 sees, in the weight it owns
+        torch::NoGradGuard no_grad;
+        params[0].grad().fill_(std::numeric_limits<float>::infinity());
+      }
+      if (iteration == 0) before[r] = values_of(params);
+      const bool ran = zero.step(scaler);
+      scaler.update();
+      (iteration == 0 ? stepped_inf : stepped_clean)[r] = ran ? 1 : 0;
+      (iteration == 0 ? after_inf : after_clean)[r] = values_of(params);
+    }
+    state[r] = zero.state_bytes();
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    INFO(outcomes[r].error);
+    REQUIRE(outcomes[r].ok);
+    CHECK(owner_of_bias[r] == 1);
+    CHECK(stepped_inf[r] == 0);
+    CHECK(rel_error(after_inf[r], before[r]) == 0);
+    CHECK(stepped_clean[r] == 1);
+    CHECK(rel_error(after_clean[r], after_clean[0]) == 0);
+    CHECK(rel_error(after_clean[r], before[r]) > 0);
+    CHECK(torch::equal(after_clean[r][1], before[r][1]));  // the frozen bias stays
+  }
+  CHECK(state[1] == 0);  // rank 1 holds no optimizer state
+}
+
+TEST_CASE("[step5] ZeRO broadcasts a channels_last parameter from its owner, whatever each rank's layout") {
+  // w (2x3x2x2, 24 elements) goes to rank 0, b (2) to rank 1; w is channels_last on rank 1 only, or on both.
+  for (bool on_both : {false, true}) {
+    CAPTURE(on_both);
+    std::vector<std::vector<torch::Tensor>> params(2);
+    for (int r = 0; r < 2; ++r) {
+      torch::Tensor w = torch::linspace(-1, 1, 24).reshape({2, 3, 2, 2});
+      if (on_both || r == 1) w = w.contiguous(torch::MemoryFormat::ChannelsLast);
+      params[r] = {w.requires_grad_(), torch::full({2}, 0.5).requires_grad_()};
+    }
+    const torch::Tensor grad_w = torch::linspace(0.5, 3, 24).reshape({2, 3, 2, 2});
+    const std::vector<torch::Tensor> expected{params[0][0].detach() - grad_w * 0.1, torch::full({2}, 0.5 - 0.1)};
+    std::vector<std::vector<int>> owners(2);
+    const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+      const int r = comm.rank();
+      ddp::ZeroOptimizer zero(comm, params[r], [](std::vector<torch::Tensor> mine) {
+        return std::make_unique<torch::optim::SGD>(mine, torch::optim::SGDOptions(0.1));
+      });
+      owners[r] = zero.owners();
+      params[r][0].mutable_grad() = grad_w.clone();  // the averaged gradients, the same on every rank
+      params[r][1].mutable_grad() = torch::ones({2});
+      zero.step();
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      INFO(outcomes[r].error);
+      REQUIRE(outcomes[r].ok);
+      CHECK(owners[r] == std::vector<int>{0, 1});
+      CHECK(rel_error(values_of(params[r]), expected) <= 1e-6);
+    }
+  }
+}
+
 TEST_CASE("[step5] ZeRO with models that differ gives the shape error on every rank, not a timeout") {
   std::vector<torch::nn::Sequential> models;
   for (int r = 0; r < 2; ++r) models.push_back(deep_model());

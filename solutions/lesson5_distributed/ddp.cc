@@ -47,6 +47,25 @@ void compare_descriptions(const dist::Comm& comm, const std::vector<at::Tensor>&
   }
 }
 
+// The Reducer's agreement: describe(params) and the two bucket limits (the first one as make_buckets reads it).
+at::Tensor describe_reducer(const std::vector<at::Tensor>& params, const ReducerOptions& options) {
+  const int64_t first = options.first_bucket_bytes > 0 ? options.first_bucket_bytes : options.bucket_bytes;
+  const auto as_long = at::TensorOptions().dtype(at::kLong);
+  return at::cat({describe(params), at::full({1}, options.bucket_bytes, as_long), at::full({1}, first, as_long)});
+}
+
+// Compares every rank's bucket limits (entries 3 and 4 of describe_reducer) with rank 0's, on every rank alike.
+void compare_limits(const dist::Comm& comm, const std::vector<at::Tensor>& all) {
+  const at::Tensor first = all[0].cpu().narrow(0, 3, 2);
+  for (size_t r = 1; r < all.size(); ++r) {
+    const at::Tensor other = all[r].cpu().narrow(0, 3, 2);
+    TORCH_CHECK(at::equal(first, other), "rank ", comm.rank(),
+                ": Reducer: the bucket limits differ across ranks: rank 0 has bucket_bytes ", first[0].item<int64_t>(),
+                " and first_bucket_bytes ", first[1].item<int64_t>(), ", rank ", r, " has ", other[0].item<int64_t>(),
+                " and ", other[1].item<int64_t>(), " (every rank must pass the same ReducerOptions)");
+  }
+}
+
 }  // namespace
 
 // [shard]
@@ -194,16 +213,19 @@ Reducer::Reducer(dist::Comm& comm, std::vector<at::Tensor> params, ReducerOption
     // As DDP: only what requires grad is reduced, and a tensor listed twice (tied weights) once.
     if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params_.push_back(p);
   }
+  // As DDP's _verify_param_shape_across_processes, on the list it reduces (ranks that freeze different layers or
+  // tie weights differently pass the check of the whole model above), and the bucket limits with it (other limits
+  // make other buckets): one all-gather of 5 int64, outside the try, so that a timeout is reported as one.
+  const std::vector<at::Tensor> all = comm_.all_gather(describe_reducer(params_, options_).to(comm_.device()));
   try {
-    // As DDP's _verify_param_shape_across_processes, on the list it reduces: ranks that freeze different layers or
-    // tie weights differently pass the check of the whole model above, and would send mismatched buckets.
-    check_same_shapes(comm_, params_);
+    compare_descriptions(comm_, all);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false,
                 "Reducer: the parameters that require grad, each once, differ across ranks (frozen or tied "
                 "differently?): ",
                 e.what_without_backtrace());
   }
+  compare_limits(comm_, all);
   TORCH_CHECK(!params_.empty(), "Reducer: no parameter requires grad");  // then on every rank alike
   buckets_ = make_buckets(params_, options_.bucket_bytes, options_.first_bucket_bytes);
   bucket_of_.assign(params_.size(), 0);
@@ -427,8 +449,12 @@ ZeroOptimizer::ZeroOptimizer(dist::Comm& comm, std::vector<at::Tensor> params, c
   for (size_t i = 0; i < params_.size(); ++i) {
     if (owners_[i] == comm_.rank()) mine.push_back(params_[i]);
   }
-  if (mine.empty()) mine.push_back(empty_shard());  // owns nothing: a zero-sized shard, to join the agreements
-  local_ = factory(mine);                           // optimizer state only for this rank's share
+  // Owns nothing that gets a gradient (nothing, or frozen parameters only): a zero-sized shard, so that its scaler
+  // finds a gradient, no inf in it, and joins the agreements with 0, as a rank without gradients in PyTorch's.
+  if (std::none_of(mine.begin(), mine.end(), [](const at::Tensor& p) { return p.requires_grad(); })) {
+    mine.push_back(empty_shard());
+  }
+  local_ = factory(mine);  // optimizer state only for this rank's share
 }
 
 void ZeroOptimizer::step_local() { local_->step(); }
