@@ -242,11 +242,13 @@ def process_lesson(lessons, i, csv_dir, images, summary):
                 extra += ["<b>%s</b> (%s):" % (cell(path), "all rows"), "", html_table(header, body), ""]
             elif body:
                 extra += ["<b>%s</b>: %d rows (in the plots above)." % (cell(path), len(body)), ""]
-    demo_tags = tags(os.path.join(folder, "demo.cc"))
-    if demo_tags:
-        extra += ["How the demo measures it (%s/demo.cc):" % folder, ""]
-        for tag in demo_tags:
-            extra += ["\\snippet %s/demo.cc %s" % (folder, tag), ""]
+    # demo.cc and the demo's other files (the manifest's `demo`, lesson 7: one mode per file).
+    for name in ["demo.cc"] + [f for f in lesson.get("demo", []) if f.endswith(".cc")]:
+        demo_tags = tags(os.path.join(folder, name))
+        if demo_tags:
+            extra += ["How the demo measures it (%s/%s):" % (folder, name), ""]
+            for tag in demo_tags:
+                extra += ["\\snippet %s/%s %s" % (folder, name, tag), ""]
 
     extra += ["## The checks, step by step {#lesson%d_checks}" % n, "",
               "Every check is a doctest case in the lesson's `*_test.cc` files, named after the behaviour it proves. "

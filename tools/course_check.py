@@ -107,13 +107,13 @@ def check(root):
 
         # Every file named, every file there.
         named = set(PARTS) | set(lesson.learner) | set(lesson.headers) | set(lesson.checks) | set(lesson.given) \
-            | set(lesson.extra)
+            | set(lesson.extra) | set(getattr(lesson, "demo", []))
         named_solution = {"BUILD", lesson.bench, lesson.mutants} | set(lesson.learner) | set(lesson.solution_extra)
         for folder, expected, shown in ((lesson_dir, named, d), (solution_dir, named_solution, "solutions/" + d)):
             present = files_under(folder)
             for f in sorted(present - expected):
                 problems.append("%s/%s is not named in the manifest (tools/lessons.bzl, lesson %d): add it to "
-                                "learner, headers, checks, given, extra or solution_extra" % (shown, f, n))
+                                "learner, headers, checks, given, extra, demo or solution_extra" % (shown, f, n))
             for f in sorted(expected - present):
                 problems.append("%s/%s is named in the manifest but missing" % (shown, f))
 

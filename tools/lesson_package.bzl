@@ -19,7 +19,7 @@ lesson_package(N) writes, in //lessonN_*:
   <test>           for each of `tests`: the doctest checks <test>.cc, compiled once into <test>_checks and linked
                    with <library>; tagged "exercise" (they fail until the TODOs are done)
   check_headers    the *.h among `checks`, shared by the check targets (only where there are some)
-  demo, my_demo    demo.cc on the reference solution and on the learner's library
+  demo, my_demo    demo.cc (and the manifest's `demo` files) on the reference solution and on the learner's library
   sources          the folder's sources, for the maintainer checks; every *.cc, *.cu, *.h and README.md exported
 solution_package(N) writes, in //solutions/lessonN_*:
   <library>        the answers (the learner files' names, in solutions/) with the same given files, flags and deps
@@ -116,6 +116,7 @@ def lesson_package(number, implementation = None, header_defines = []):
         exercise = ":" + lesson.library,
         solution = "//solutions/%s:%s" % (lesson.dir, lesson.library),
         deps = [":headers"],
+        more_srcs = _field(lesson, "demo", []),
     )
     _exports()
 

@@ -16,6 +16,8 @@ Fields (file names are relative to the lesson's folder, `dir`):
   checks     the doctest sources of `tests`
   given      code the lesson provides (not edited by the learner)
   extra      anything else in the folder (scripts, a sub-package), besides README.md, BUILD and demo.cc
+  demo       the demo's sources besides demo.cc, one mode or part per file (lesson 7); compiled with it into
+             `demo` and `my_demo` (absent: demo.cc alone)
   solution_extra   files of solutions/<dir>/ besides BUILD and the answers to `learner`
   bench      the bench case, a file of solutions/<dir>/ that registers itself with //bench (bench/registry.h)
   mutants    the mutants module, a file of solutions/<dir>/ (plausible mistakes in the reference solution that
@@ -262,6 +264,7 @@ LESSONS = [
         ],
         given = [],
         extra = [],
+        demo = ["demo_parts.h", "demo_step.cc", "demo_ranks.cc", "demo_processes.cc", "demo_what_fits.cc"],
         solution_extra = ["process_test.sh", "cpu_probe.cc"],
         bench = "bench_case.cc",
         mutants = "mutants.py",

@@ -89,9 +89,9 @@ def exercise_invariants_test(name, lesson, lesson_dir, tests):
         ] + binaries,
     )
 
-def lesson_demo(solution, exercise, deps = [], src = "demo.cc"):
+def lesson_demo(solution, exercise, deps = [], src = "demo.cc", more_srcs = []):
     """The lesson's demo twice: `demo` on the reference solution `solution`, and `my_demo` on the learner's
-    library `exercise` (tagged "exercise", like the learner's checks)."""
+    library `exercise` (tagged "exercise", like the learner's checks). `more_srcs`: the demo's other files."""
     common = deps + [
         "//common:demo",
         "//common:device",
@@ -101,13 +101,13 @@ def lesson_demo(solution, exercise, deps = [], src = "demo.cc"):
     ]
     native.cc_binary(
         name = "demo",
-        srcs = [src],
+        srcs = [src] + more_srcs,
         copts = COPTS,
         deps = [solution] + common,
     )
     native.cc_binary(
         name = "my_demo",
-        srcs = [src],
+        srcs = [src] + more_srcs,
         copts = COPTS,
         tags = ["exercise"],
         deps = [exercise] + common,

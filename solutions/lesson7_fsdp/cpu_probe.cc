@@ -45,8 +45,8 @@ struct Case {
 
 int64_t floats_of(double mib) { return static_cast<int64_t>(mib * 1024 * 1024 / 4); }
 
-// The demo's model and data (lesson7_fsdp/demo.cc: 8 x Linear(512, 512) + tanh from seed 3, 256 items per rank
-// from seed 4, Adam(1e-3)), to time one training step as its rows do.
+// The demo's model and data (--world_size's defaults, lesson7_fsdp/demo_parts.h and demo_ranks.cc: 8 x Linear(512,
+// 512) + tanh from seed 3, 256 items per rank from seed 4, Adam(1e-3)), to time one training step as its rows do.
 struct Model {
   std::vector<std::vector<torch::Tensor>> init;
   torch::Tensor x, y;
