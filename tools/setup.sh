@@ -36,6 +36,7 @@ packages=(
   gnuplot-nox          # plots for the docs from the demos' CSV files (pngcairo terminal)
   chromium             # the docs' browser check (headless)
   chromium-driver      # chromedriver, which drives it
+  clangd               # the editor's C++ language server (VS Code, Neovim, Emacs, CLion); tools/clangd_check.py
 )
 if [[ $bench_peer == 1 ]]; then
   # Only for //bench's PyTorch rows (Debian 12: 1.13, Debian 13: 2.6). Installed for /usr/bin/python3, the
@@ -109,5 +110,16 @@ bazel_major=$(bazel --version 2>/dev/null | sed -nE 's/^bazel ([0-9]+)\..*/\1/p'
   fi
 } >"$machine_rc.tmp" && mv "$machine_rc.tmp" "$machine_rc"
 say "build settings for this machine: $machine_rc ($(grep -c '^build' "$machine_rc") setting(s))"
+
+# The editor's compile commands (compile_commands.json at the root, for clangd and CLion; README, "Doing a lesson"):
+# one `bazel aquery`, no build (tools/compile_commands.py). Best effort: a setup whose Bazel cannot run yet (no
+# LibTorch found, ...) still succeeds and says so. Under sudo Bazel would run as root, in root's output folder.
+if [[ $(id -u) -eq 0 && -n ${SUDO_USER:-} ]]; then
+  say "editor: run 'bazel run //:compile_commands' as yourself to write compile_commands.json (clangd, CLion)"
+elif python3 "$root/tools/compile_commands.py" --quiet 2>&1 | sed 's/^/[setup] /'; then
+  say "editor: compile_commands.json written (again after another LibTorch: bazel run //:compile_commands)"
+else
+  say "note: compile_commands.json (the editor's compile commands) not written; later: bazel run //:compile_commands"
+fi
 
 say "ready. Next: bazel run //:tour   (or: bazel test --config=ci //...)"
