@@ -191,6 +191,8 @@ namespace {
 // launch differ only in their Slot and in how many slots fit (kernel arguments are limited to 4 KiB).
 template <typename Slot, int kMaxSlots>
 struct ChunkList {
+  using SlotType = Slot;
+  static constexpr int kSlots = kMaxSlots;
   Slot slot[kMaxSlots];
   unsigned char block_tensor[kMaxBlocksPerLaunch];
   int block_chunk[kMaxBlocksPerLaunch];
@@ -210,14 +212,16 @@ __host__ __device__ const Slot& chunk_of(const ChunkList<Slot, kMaxSlots>& list,
 // holds kMaxBlocksPerLaunch chunks or before a tensor that would be one slot too many; a tensor whose chunks fill a
 // list goes on in the next one (ATen's multi_tensor_apply does the same walk). Packed: every slot of the list is
 // aligned to a pack of 4.
-template <typename Slot, int kMaxSlots, typename Send>
+template <typename List, typename Send>
 class ChunkWalker {
+  using Slot = typename List::SlotType;
+
  public:
   explicit ChunkWalker(const Send& send) : send_(send) {}
 
   void add(const Slot& t) {
     if (t.numel == 0) return;
-    if (slots_ == kMaxSlots) send();
+    if (slots_ == List::kSlots) send();
     int slot = put(t);
     const int64_t chunks = (t.numel + kChunkElements - 1) / kChunkElements;
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
@@ -255,7 +259,7 @@ class ChunkWalker {
     packed_ = true;
   }
 
-  ChunkList<Slot, kMaxSlots> list_;
+  List list_;
   int slots_ = 0, blocks_ = 0;
   bool packed_ = true;
   int64_t launches_ = 0;
@@ -263,9 +267,9 @@ class ChunkWalker {
   Send send_;
 };
 
-template <typename Slot, int kMaxSlots, typename Send>
-ChunkWalker<Slot, kMaxSlots, Send> chunk_walker(const Send& send) {
-  return ChunkWalker<Slot, kMaxSlots, Send>(send);
+template <typename List, typename Send>
+ChunkWalker<List, Send> chunk_walker(const Send& send) {
+  return ChunkWalker<List, Send>(send);
 }
 
 // One tuple of the AdamW launch.
@@ -314,14 +318,13 @@ template <typename T>
 const char* adamw_series(const TensorPointers* tensors, int64_t count, Dtype dtype, const Coefficients& c,
                          const Target& target, const float* grad_scale, const float* found_inf, const float* state_step,
                          int64_t* launches) {
-  auto walker =
-      chunk_walker<AdamWSlot<T>, kMaxTensorsPerLaunch>([&](const AdamWList<T>& list, int blocks, bool packed) {
-        LaunchShape shape;
-        shape.blocks = blocks;
-        shape.threads = kThreadsPerBlock;
-        return packed ? launch<AdamWMultiKernel<T, 4>>(shape, target, list, c, grad_scale, found_inf, state_step)
-                      : launch<AdamWMultiKernel<T, 1>>(shape, target, list, c, grad_scale, found_inf, state_step);
-      });
+  auto walker = chunk_walker<AdamWList<T>>([&](const AdamWList<T>& list, int blocks, bool packed) {
+    LaunchShape shape;
+    shape.blocks = blocks;
+    shape.threads = kThreadsPerBlock;
+    return packed ? launch<AdamWMultiKernel<T, 4>>(shape, target, list, c, grad_scale, found_inf, state_step)
+                  : launch<AdamWMultiKernel<T, 1>>(shape, target, list, c, grad_scale, found_inf, state_step);
+  });
   for (int64_t k = 0; k < count; ++k) {
     const TensorPointers& t = tensors[k];
     if (t.dtype != dtype) continue;
@@ -402,14 +405,13 @@ struct UnscaleKernel {
 template <typename T>
 const char* unscale_series(const GradPointer* grads, int64_t count, Dtype dtype, float* found_inf,
                            const float* inv_scale, const Target& target, int64_t* launches) {
-  auto walker =
-      chunk_walker<UnscaleSlot<T>, kMaxGradsPerLaunch>([&](const UnscaleList<T>& list, int blocks, bool packed) {
-        LaunchShape shape;
-        shape.blocks = blocks;
-        shape.threads = kThreadsPerBlock;
-        return packed ? launch<UnscaleKernel<T, 4>>(shape, target, list, found_inf, inv_scale)
-                      : launch<UnscaleKernel<T, 1>>(shape, target, list, found_inf, inv_scale);
-      });
+  auto walker = chunk_walker<UnscaleList<T>>([&](const UnscaleList<T>& list, int blocks, bool packed) {
+    LaunchShape shape;
+    shape.blocks = blocks;
+    shape.threads = kThreadsPerBlock;
+    return packed ? launch<UnscaleKernel<T, 4>>(shape, target, list, found_inf, inv_scale)
+                  : launch<UnscaleKernel<T, 1>>(shape, target, list, found_inf, inv_scale);
+  });
   for (int64_t k = 0; k < count; ++k) {
     if (grads[k].dtype == dtype) walker.add({static_cast<T*>(grads[k].grad), grads[k].numel});
   }

@@ -252,13 +252,12 @@ MUTANTS = [
      "",
      "a scale of 0, below 0, inf or NaN is taken: the step runs on inf or NaN gradients"),
     ("l6_scaled_device_unchecked", L6,
-     "  TORCH_CHECK(t.device() == param.device(), op, \": \", name, \" is not on param's device (\", param.device(), \"), got \",\n"
-     "              t.device());\n",
+     "  TORCH_CHECK(t.device() == device, op, \": \", name, \" is not on param's device (\", device, \"), got \", t.device());\n",
      "",
      "a scaler tensor on another device than the parameters is read as if it were on the CPU"),
     ("l6_scaled_multi_ignores_scaler", L6,
-     "  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, step, gate.grad_multiplier);",
-     "  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, step);",
+     "  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, gate.step, gate.grad_multiplier);",
+     "  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, gate.step);",
      "the multi-tensor operator checks the scaler's tensors but steps on the scaled gradients"),
     # ---- step 6: the launch shape (the CUDA kernels' own mutants need a GPU to be caught: not listed) ------
     ("l6_launch_blocks_rounded_down", L6,
@@ -324,12 +323,12 @@ MUTANTS = [
      "        pack.x[k] = from_float<T>(x * inv);\n        non_finite = non_finite || !isfinite(to_float(pack.x[k]));",
      "the non-finite check looks at the unscaled value: a finite gradient that overflows when multiplied is flagged"),
     ("l6_gpu_unscale_packs_unaligned", L6_CUDA,
-     "  const bool packed = aligned(g, sizeof(T) * kWidth);",
-     "  const bool packed = true;",
+     "  bool aligned() const { return fusion::cuda::aligned(g, sizeof(T) * 4); }",
+     "  bool aligned() const { return true; }",
      "the unscale loads packs from gradients that start mid-pack (a misaligned address)"),
     ("l6_gpu_unscale_stops_at_first_inf", L6_CUDA,
-     "for (int64_t i = thread.index(); i < packs; i += thread.stride()) {\n      Pack<T, kWidth> pack",
-     "for (int64_t i = thread.index(); i < packs && !non_finite; i += thread.stride()) {\n      Pack<T, kWidth> pack",
+     "for (int64_t i = thread.thread; i < packs; i += thread.threads) {\n      Pack<T, kWidth> pack",
+     "for (int64_t i = thread.thread; i < packs && !non_finite; i += thread.threads) {\n      Pack<T, kWidth> pack",
      "a thread that met an inf stops: the rest of its packs are not unscaled"),
     ("l6_gpu_scaled_flag_ignored", L6_CUDA,
      "    if (found_inf != nullptr && *found_inf != 0.0f) return;\n",
@@ -340,40 +339,173 @@ MUTANTS = [
      "const float grad = to_float(g);",
      "the CUDA AdamW kernel reads grad_scale but steps on the scaled gradient"),
     ("l6_gpu_multi_chunk_ignored", L6_CUDA,
-     "const int64_t begin = static_cast<int64_t>(list.block_chunk[thread.block]) * kChunkElements;",
-     "const int64_t begin = 0;",
+     "*begin = static_cast<int64_t>(list.block_chunk[thread.block]) * kChunkElements;",
+     "*begin = 0;",
      "every block of a multi-tensor launch updates the first chunk of its tensor"),
     ("l6_gpu_multi_tensor_not_carried", L6_CUDA,
      "        if (chunk + 1 < chunks) slot = put(t);  // the tensor goes on in the next launch\n",
      "",
      "a tensor whose chunks fill a launch is not carried into the next one: its later chunks index a stale slot"),
     ("l6_gpu_multi_grid_stride", L6_CUDA,
-     "for (int64_t i = thread.thread; i < packs; i += thread.threads) {",
-     "for (int64_t i = thread.index(); i < packs; i += thread.stride()) {",
+     "for (int64_t i = thread.thread; i < packs; i += thread.threads) {\n      update_pack<T, kWidth>(p, g, m, v, i, c, multiplier);",
+     "for (int64_t i = thread.index(); i < packs; i += thread.stride()) {\n      update_pack<T, kWidth>(p, g, m, v, i, c, multiplier);",
      "the multi-tensor kernel strides over the grid, not its block: most of each chunk is never updated"),
     ("l6_gpu_multi_packed_unchecked", L6_CUDA,
-     "    packed_ = packed_ && aligned(t.param, sizeof(T) * 4) && aligned(t.grad, sizeof(T) * 4) &&\n"
-     "              aligned(t.exp_avg, sizeof(float) * 4) && aligned(t.exp_avg_sq, sizeof(float) * 4);\n",
+     "    packed_ = packed_ && t.aligned();\n",
      "",
-     "the multi-tensor launch takes packs of 4 whatever the tensors' alignment"),
+     "the multi-tensor launches (AdamW and unscale) take packs of 4 whatever the tensors' alignment"),
     ("l6_gpu_multi_one_launch_per_tensor", L6_CUDA,
-     "    if (tensors_ == kMaxTensorsPerLaunch) send();",
+     "    if (slots_ == List::kSlots) send();",
      "    send();",
      "one launch per tensor, as before: the results are right, the launch count is not"),
     ("l6_gpu_multi_flag_ignored", L6_CUDA,
      "    if (found_inf != nullptr && *found_inf != 0.0f) return;  // as the one-tensor kernel: no host sync\n",
      "",
      "the multi-tensor kernel steps whatever found_inf says"),
+    # ---- issue 43, item 1: a skipped step does not count (state_step) -----------------------------------------
+    ("l6_counted_advanced_on_skip", L6,
+     "  if (gate.skip) return;  // a skipped step writes nothing, and does not count\n"
+     "  adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, gate.step, gate.grad_multiplier);\n"
+     "  if (counted) *state_step->data_ptr<float>() += 1.0f;",
+     "  if (counted) *state_step->data_ptr<float>() += 1.0f;  // counted before the flag is looked at\n"
+     "  if (gate.skip) return;\n"
+     "  adamw_kernel_cpu(param, grad, exp_avg, exp_avg_sq, hyper, gate.step, gate.grad_multiplier);",
+     "the counter advances on every call, a skipped step included: every later bias correction is a step late"),
+    ("l6_counted_count_as_number", L6,
+     "    gate.step = static_cast<int64_t>(taken) + 1;",
+     "    gate.step = std::max<int64_t>(static_cast<int64_t>(taken), 1);",
+     "the count of steps taken is used as this step's number (one behind, the first clamped to 1)"),
+    ("l6_counted_host_step_accepted", L6,
+     "    TORCH_CHECK(step == 0, op, \": step must be 0 when state_step is given, got \", step);\n",
+     "",
+     "a host step passed beside state_step is silently ignored"),
+    ("l6_counted_fraction_accepted", L6,
+     "    TORCH_CHECK(taken >= 0 && taken < 16777216.0f && taken == std::floor(taken), op,",
+     "    TORCH_CHECK(taken >= 0, op,",
+     "a count that is not a whole number (or too large for float32 to add 1 to) is taken"),
+    ("l6_counted_multi_not_advanced", L6,
+     "  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, gate.step, gate.grad_multiplier);\n"
+     "  if (counted) *state_step->data_ptr<float>() += 1.0f;\n",
+     "  adamw_multi_kernel_cpu(params, grads, exp_avgs, exp_avg_sqs, hyper, gate.step, gate.grad_multiplier);\n",
+     "the multi-tensor operator reads state_step but never advances it"),
+    ("l6_gpu_counted_not_advanced", L6_CUDA,
+     "  // After every thread of the update has read the count (the next launch on the target), unless the flag skipped it.\n"
+     "  if (error == nullptr && state_step != nullptr) error = advance_step(state_step, found_inf, target);\n",
+     "",
+     "the CUDA AdamW kernel reads state_step but nothing advances it"),
+    ("l6_gpu_counted_count_as_number", L6_CUDA,
+     "  if (state_step != nullptr) with_step(c, static_cast<double>(*state_step) + 1);",
+     "  if (state_step != nullptr) with_step(c, static_cast<double>(*state_step));",
+     "the kernels take the count of steps taken as this step's number (one behind)"),
+    ("l6_gpu_counted_multi_not_read", L6_CUDA,
+     "    read_step(c, state_step);\n    const float multiplier = multiplier_of(grad_scale);\n    int64_t begin, n;",
+     "    const float multiplier = multiplier_of(grad_scale);\n    int64_t begin, n;",
+     "the multi-tensor kernel uses the host's step (0) and never reads state_step"),
+    ("l6_gpu_counted_multi_advanced_per_series", L6_CUDA,
+     "    return packed ? launch<AdamWMultiKernel<T, 4>>(shape, target, list, c, grad_scale, found_inf, state_step)\n"
+     "                  : launch<AdamWMultiKernel<T, 1>>(shape, target, list, c, grad_scale, found_inf, state_step);",
+     "    const char* e = packed ? launch<AdamWMultiKernel<T, 4>>(shape, target, list, c, grad_scale, found_inf, state_step)\n"
+     "                           : launch<AdamWMultiKernel<T, 1>>(shape, target, list, c, grad_scale, found_inf, state_step);\n"
+     "    return e != nullptr || state_step == nullptr ? e : advance_step(const_cast<float*>(state_step), found_inf, target);",
+     "the counter advances after every launch as well as once per call: one call counts several steps"),
+    ("l6_grid_advance_ignores_flag", "lesson6_fusion/grid.h",
+     "    if (found_inf != nullptr && *found_inf != 0.0f) return;\n    *state_step += 1.0f;",
+     "    *state_step += 1.0f;",
+     "(given code) the device's counter advances whatever found_inf says"),
+    # ---- issue 43, item 2: bugs ------------------------------------------------------------------------------
+    ("l6_multi_empty_list_unchecked", L6,
+     "  check_step_and_hyper(\"fused_adamw_multi_\", hyper, step);  // first: an empty list has no tuple to check them\n",
+     "",
+     "the multi-tensor operator checks the step and the hyper-parameters only through its tuples: an empty list "
+     "takes step 0 and a NaN lr"),
+    ("l6_scaled_subnormal_accepted", L6,
+     "  TORCH_CHECK(std::isfinite(gate.grad_multiplier), op, \": grad_scale's inverse must be finite, got \", scale);\n",
+     "",
+     "a positive subnormal grad_scale passes 'finite and > 0', and its inverse (inf) makes every update inf or NaN"),
+    ("l6_versions_not_bumped", "lesson6_fusion/given.cc",
+     "    if (t.defined()) t.unsafeGetTensorImpl()->bump_version();",
+     "    (void)t;",
+     "(given code) the operators write in place without bumping version counters: a saved parameter goes unnoticed"),
+    ("l6_versions_bumped_before_checks", "lesson6_fusion/given.cc",
+     "  op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);\n"
+     "  for (const at::Tensor& t : written) {\n"
+     "    if (t.defined()) t.unsafeGetTensorImpl()->bump_version();\n"
+     "  }",
+     "  for (const at::Tensor& t : written) {\n"
+     "    if (t.defined()) t.unsafeGetTensorImpl()->bump_version();\n"
+     "  }\n"
+     "  op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);",
+     "(given code) the versions are bumped before the kernel runs: a call its checks refuse still bumps them"),
+    ("l6_gpu_unscale_one_launch_per_grad", L6_CUDA,
+     "using UnscaleList = ChunkList<UnscaleSlot<T>, kMaxGradsPerLaunch>;",
+     "using UnscaleList = ChunkList<UnscaleSlot<T>, 1>;",
+     "the CUDA unscale launches once per gradient, as before issue 43 (the values are right, the launches are not)"),
+    ("l6_gpu_unscale_adamw_limit", L6_CUDA,
+     "using UnscaleList = ChunkList<UnscaleSlot<T>, kMaxGradsPerLaunch>;",
+     "using UnscaleList = ChunkList<UnscaleSlot<T>, kMaxTensorsPerLaunch>;",
+     "the unscale takes AdamW's limit of 36 tensors per launch, not ATen's 110 for one list"),
+    # ---- issue 43, item 4: the edges of the kernels ---------------------------------------------------------
+    ("l6_gpu_multi_chunk_not_clipped", L6_CUDA,
+     "  *n = s.numel - *begin < kChunkElements ? s.numel - *begin : kChunkElements;",
+     "  *n = kChunkElements;",
+     "every chunk is taken whole: the last chunk of a tensor runs past its end (into the next tensor, or a wall)"),
+    ("l6_gpu_multi_last_chunk_modulo", L6_CUDA,
+     "  *n = s.numel - *begin < kChunkElements ? s.numel - *begin : kChunkElements;",
+     "  *n = list.block_chunk[thread.block] == (s.numel - 1) / kChunkElements ? s.numel % kChunkElements : kChunkElements;",
+     "the last chunk's length is numel % kChunkElements: 0 for a tensor of a multiple of the chunk, left alone"),
+    ("l6_gpu_packed_ignores_exp_avg_sq", L6_CUDA,
+     "aligned(m, sizeof(float) * kWidth) && aligned(v, sizeof(float) * kWidth);",
+     "aligned(m, sizeof(float) * kWidth);",
+     "the one-tensor launch checks three of its four pointers for packs: exp_avg_sq mid-pack is loaded as a pack"),
+    ("l6_gpu_slot_aligned_param_only", L6_CUDA,
+     "    return fusion::cuda::aligned(p, sizeof(T) * 4) && fusion::cuda::aligned(g, sizeof(T) * 4) &&\n"
+     "           fusion::cuda::aligned(m, sizeof(float) * 4) && fusion::cuda::aligned(v, sizeof(float) * 4);",
+     "    return fusion::cuda::aligned(p, sizeof(T) * 4);",
+     "the multi-tensor launch looks only at each parameter's alignment"),
+    ("l6_gpu_multi_packed_last_tensor_only", L6_CUDA,
+     "    packed_ = packed_ && t.aligned();",
+     "    packed_ = t.aligned();",
+     "a launch is packed when its last tensor is aligned: an earlier one mid-pack is loaded as packs"),
+    ("l6_gpu_multi_35_per_launch", L6_CUDA,
+     "    if (slots_ == List::kSlots) send();",
+     "    if (slots_ == List::kSlots - 1) send();",
+     "a launch is sent one tensor before the limit (35 per launch instead of 36)"),
+    ("l6_multi_grads_not_in_overlap_check", L6,
+     "  const c10::ArrayRef<at::Tensor> lists[] = {params, grads, exp_avgs, exp_avg_sqs};\n"
+     "  check_disjoint(\"fused_adamw_multi_\", lists, {\"params\", \"grads\", \"exp_avgs\", \"exp_avg_sqs\"});",
+     "  const c10::ArrayRef<at::Tensor> lists[] = {params, exp_avgs, exp_avg_sqs};  // gradients are only read\n"
+     "  check_disjoint(\"fused_adamw_multi_\", lists, {\"params\", \"exp_avgs\", \"exp_avg_sqs\"});",
+     "the cross-tuple overlap check leaves the gradients out: one inside another tuple's parameter changes mid-pass"),
+    ("l6_storage_start_not_view_start", L6,
+     "  float* m = exp_avg.data_ptr<float>();\n  float* v = exp_avg_sq.data_ptr<float>();\n  // One parallel region over the tensor.",
+     "  float* m = static_cast<float*>(exp_avg.storage().data());  // the storage's start, not the view's\n"
+     "  float* v = exp_avg_sq.data_ptr<float>();\n  // One parallel region over the tensor.",
+     "the kernel takes exp_avg from its storage's start: a view that starts inside its buffer is read and written "
+     "in the wrong place"),
+    ("l6_multi_storage_start_not_view_start", L6,
+     "  float* m = exp_avg.data_ptr<float>();\n  float* v = exp_avg_sq.data_ptr<float>();\n  switch (param.scalar_type()) {",
+     "  float* m = exp_avg.data_ptr<float>();\n"
+     "  float* v = static_cast<float*>(exp_avg_sq.storage().data());  // the storage's start, not the view's\n"
+     "  switch (param.scalar_type()) {",
+     "the multi-tensor kernel takes exp_avg_sq from its storage's start: views of one flat buffer all start there"),
+    ("l6_isa_switch_ignored", L6,
+     "  if (c.isa == CpuIsa::kAvx2) return adamw_loop_avx2(p, g, m, v, begin, end, c, decay);\n",
+     "",
+     "the AVX2 copy of the loop is compiled but never called: set_cpu_isa() changes nothing (the same bits either way)"),
 ]
 
 # Only a GPU catches these (tools/mutants/run.sh --gpu 'l6_gpu_stream_*', on a machine that runs the GPU cases): the
 # CPU grid has no streams.
 GPU_MUTANTS = [
     ("l6_gpu_stream_ignored", L6_CUDA,
-     "  if (packed) return launch<AdamWKernel<T, kWidth>>(shape, target, p, g, m, v, numel, c, grad_scale, found_inf);\n"
-     "  return launch<AdamWKernel<T, 1>>(shape, target, p, g, m, v, numel, c, grad_scale, found_inf);",
+     "  if (packed) {\n"
+     "    return launch<AdamWKernel<T, kWidth>>(shape, target, p, g, m, v, numel, c, grad_scale, found_inf, state_step);\n"
+     "  }\n"
+     "  return launch<AdamWKernel<T, 1>>(shape, target, p, g, m, v, numel, c, grad_scale, found_inf, state_step);",
      "  Target on_default = target;\n  on_default.stream = nullptr;  // the legacy default stream\n"
-     "  if (packed) return launch<AdamWKernel<T, kWidth>>(shape, on_default, p, g, m, v, numel, c, grad_scale, found_inf);\n"
-     "  return launch<AdamWKernel<T, 1>>(shape, on_default, p, g, m, v, numel, c, grad_scale, found_inf);",
+     "  if (packed) {\n"
+     "    return launch<AdamWKernel<T, kWidth>>(shape, on_default, p, g, m, v, numel, c, grad_scale, found_inf, state_step);\n"
+     "  }\n"
+     "  return launch<AdamWKernel<T, 1>>(shape, on_default, p, g, m, v, numel, c, grad_scale, found_inf, state_step);",
      "the AdamW kernel is launched on the default stream, not the caller's current stream"),
 ]
