@@ -17,17 +17,16 @@ namespace fusion {
 
 // [unfused_traffic]
 Traffic unfused_adamw_traffic(int64_t numel, c10::ScalarType dtype, bool weight_decay) {
-  // TODO(lesson6, step 1): Count, for each tensor op of torch::optim::AdamW's step (the list in
-  // fused_adamw.h, above unfused_adamw_step), the tensors it reads and writes, and the new tensors it makes.
-  // One tensor = numel * c10::elementSize(dtype) bytes. Reject a negative numel and a non-floating dtype.
+  // TODO(lesson6, step 1): Sum the tensors each op of unfused_adamw_step (fused_adamw.h) reads, writes and creates; one
+  // tensor is numel * c10::elementSize(dtype) bytes; refuse bad input (about 35 lines).
   TORCH_CHECK(false, "TODO(lesson6, step 1): unfused_adamw_traffic() is not implemented yet");
 }
 // [unfused_traffic]
 
 // [fused_traffic]
 Traffic fused_adamw_traffic(int64_t numel, c10::ScalarType param_dtype) {
-  // TODO(lesson6, step 1): One pass: read param, grad (param_dtype) and exp_avg, exp_avg_sq (float32), write
-  // param, exp_avg and exp_avg_sq. Same input checks as above.
+  // TODO(lesson6, step 1): One pass: read param, grad (param_dtype), exp_avg, exp_avg_sq (float32); write param,
+  // exp_avg, exp_avg_sq; the same checks (about 10 lines).
   TORCH_CHECK(false, "TODO(lesson6, step 1): fused_adamw_traffic() is not implemented yet");
 }
 // [fused_traffic]
@@ -35,17 +34,8 @@ Traffic fused_adamw_traffic(int64_t numel, c10::ScalarType param_dtype) {
 // [kernel]
 void adamw_kernel_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                       const AdamWHyper& hyper, int64_t step, float grad_multiplier) {
-  // TODO(lesson6, step 2): Compute the scalars once in double (bias corrections 1 - beta^step, the step size
-  // lr / bias_correction1, the decay 1 - lr * weight_decay), then cast them to float. Cut the elements into
-  // pieces of a fixed size (say 32768) and hand the pieces out with at::parallel_for(0, pieces, 1, ...); in
-  // each piece go Vectorized<float>::size() lanes at a time: load p, g, m, v, multiply the gradient's lanes by
-  // grad_multiplier (skip that when it is 1; never store the gradient), update them in torch::optim::AdamW's order (see unfused_adamw_step in fused_adamw.h), store p, m, v.
-  // The last vector of a piece may be partial (loadu(ptr, count), store(ptr, count)); use those only
-  // there, they copy a run-time number of bytes. For bfloat16 and float16
-  // parameters convert the lanes to float and back (c10::BFloat16(float) rounds to nearest); that is enough to
-  // pass. The reference (optional for you; the page explains it and what it changed) converts a block of a few
-  // hundred elements into float arrays first, runs the float32 loop on them, and converts the block back.
-  // It also compiles its loop twice, for the baseline and for AVX2 (given: cpu_isa() says which runs); optional too.
+  // TODO(lesson6, step 2): One AdamW step in one pass: at::parallel_for over fixed pieces, Vectorized<float> lanes,
+  // unfused_adamw_step's order, 16-bit in float32; see Step 2's hints (about 110 lines).
   TORCH_CHECK(false, "TODO(lesson6, step 2): adamw_kernel_cpu() is not implemented yet");
 }
 // [kernel]
@@ -53,9 +43,8 @@ void adamw_kernel_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp
 // [check_args]
 void check_adamw_args(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                       const at::Tensor& exp_avg_sq, const AdamWHyper& hyper, int64_t step) {
-  // TODO(lesson6, step 3): One TORCH_CHECK per rule listed in fused_adamw.h, each with its message, in that
-  // order. Overlap: two non-empty contiguous tensors share memory when their byte ranges
-  // [data_ptr(), data_ptr() + nbytes()) intersect.
+  // TODO(lesson6, step 3): One TORCH_CHECK per rule of fused_adamw.h, with its message, in that order; tensors overlap
+  // when [data_ptr(), data_ptr() + nbytes()) intersect (about 45 lines).
   TORCH_CHECK(false, "TODO(lesson6, step 3): check_adamw_args() is not implemented yet");
 }
 // [check_args]
@@ -80,8 +69,8 @@ void fused_adamw_cpu(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_
 }  // namespace fusion
 
 // [register]
-// TODO(lesson6, step 3): Define the operator's schema (fusion::kOpSchema) with TORCH_LIBRARY(workshop, m) and
-// register fusion::fused_adamw_cpu as its CPU kernel with TORCH_LIBRARY_IMPL(workshop, CPU, m).
+// TODO(lesson6, step 3): TORCH_LIBRARY(workshop, m) defines fusion::kOpSchema; TORCH_LIBRARY_IMPL(workshop, CPU, m)
+// registers fusion::fused_adamw_cpu (about 2 lines).
 // [register]
 
 namespace fusion {
@@ -90,10 +79,8 @@ namespace fusion {
 void adamw_multi_kernel_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                             c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
                             const AdamWHyper& hyper, int64_t step, float grad_multiplier) {
-  // TODO(lesson6, step 4): Lay the tensors end to end: offsets[i] = elements of tensors 0..i-1. Run ONE
-  // parallel region over all of them, in pieces of a fixed size (as in step 2); a piece [begin, end) finds its
-  // first tensor with std::upper_bound on the offsets and updates the part of each tensor it covers, with
-  // step 2's loop for that tensor's dtype (and grad_multiplier).
+  // TODO(lesson6, step 4): ONE parallel region over all tensors end to end, in step 2's pieces; a piece finds its first
+  // tensor by std::upper_bound on the offsets (about 45 lines).
   TORCH_CHECK(false, "TODO(lesson6, step 4): adamw_multi_kernel_cpu() is not implemented yet");
 }
 // [multi_kernel]
@@ -102,10 +89,8 @@ void adamw_multi_kernel_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::
 void check_adamw_multi_args(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::Tensor> grads,
                             c10::ArrayRef<at::Tensor> exp_avgs, c10::ArrayRef<at::Tensor> exp_avg_sqs,
                             const AdamWHyper& hyper, int64_t step) {
-  // TODO(lesson6, step 4): The rules of fused_adamw.h: one length; check_adamw_args() for each tuple, its error
-  // prefixed with "tensor <i>: "; every tuple on tuple 0's device; then no overlap between tensors of different
-  // tuples (sort the byte ranges by start address: two overlap somewhere only if two neighbours in that order do;
-  // name the two tensors only when the check fails, a call that passes should format no string).
+  // TODO(lesson6, step 4): fused_adamw.h's rules in order: one length, each tuple's check ("tensor <i>: " first), one
+  // device, no overlap across tuples (about 45 lines).
   TORCH_CHECK(false, "TODO(lesson6, step 4): check_adamw_multi_args() is not implemented yet");
 }
 // [multi_check_args]
@@ -133,28 +118,24 @@ void fused_adamw_multi_cpu(c10::ArrayRef<at::Tensor> params, c10::ArrayRef<at::T
 }  // namespace fusion
 
 // [register_multi]
-// TODO(lesson6, step 4): Add fusion::kMultiOpSchema to the namespace with TORCH_LIBRARY_FRAGMENT(workshop, m)
-// (a namespace has one TORCH_LIBRARY, and any number of fragments) and register fusion::fused_adamw_multi_cpu
-// as its CPU kernel.
+// TODO(lesson6, step 4): Add fusion::kMultiOpSchema with TORCH_LIBRARY_FRAGMENT(workshop, m) and register
+// fusion::fused_adamw_multi_cpu for CPU (about 2 lines).
 // [register_multi]
 
 namespace fusion {
 
 // [unscale_kernel]
 void unscale_kernel_cpu(c10::ArrayRef<at::Tensor> grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
-  // TODO(lesson6, step 5): Read the scalar inv_scale once. Lay the gradients end to end and run ONE parallel
-  // region over them in step 4's pieces; in each, go Vectorized<float>::size() lanes at a time: load (as float),
-  // note whether any lane is inf or NaN, multiply by inv_scale (skip it when inv_scale is 1), store in the
-  // gradient's own dtype. Let each piece keep its own flag and write found_inf = 1 once at the end if any flag is
-  // set (many threads writing one float in the loop would fight over its cache line).
+  // TODO(lesson6, step 5): Step 4's walk: multiply every value by inv_scale (not when 1), note inf/NaN per piece, write
+  // found_inf = 1 once at the end (about 55 lines).
   TORCH_CHECK(false, "TODO(lesson6, step 5): unscale_kernel_cpu() is not implemented yet");
 }
 // [unscale_kernel]
 
 // [unscale_check_args]
 void check_unscale_args(c10::ArrayRef<at::Tensor> grads, const at::Tensor& found_inf, const at::Tensor& inv_scale) {
-  // TODO(lesson6, step 5): The rules of fused_adamw.h, in that order: found_inf and inv_scale first, then each
-  // gradient (with its index), then no two gradients overlapping in memory (step 4's sorted byte ranges).
+  // TODO(lesson6, step 5): fused_adamw.h's rules in order: found_inf and inv_scale, each gradient (with its index),
+  // then no overlap (sorted byte ranges) (about 25 lines).
   TORCH_CHECK(false, "TODO(lesson6, step 5): check_unscale_args() is not implemented yet");
 }
 // [unscale_check_args]
@@ -184,8 +165,8 @@ ScalerGate scaler_gate_cpu(const char* op, c10::Device device, int64_t step,
 }  // namespace fusion
 
 // [register_unscale]
-// TODO(lesson6, step 5): Add fusion::kUnscaleOpSchema with one more TORCH_LIBRARY_FRAGMENT(workshop, m) and
-// register fusion::fused_unscale_cpu as its CPU kernel. Lesson 1's GradScaler then finds it by name.
+// TODO(lesson6, step 5): Add fusion::kUnscaleOpSchema with one more TORCH_LIBRARY_FRAGMENT(workshop, m) and register
+// fusion::fused_unscale_cpu for CPU (about 2 lines).
 // [register_unscale]
 
 namespace fusion {
@@ -193,10 +174,8 @@ namespace cuda {
 
 // [launch_shape]
 LaunchShape launch_shape(int64_t numel, int vector_width, int multiprocessors) {
-  // TODO(lesson6, step 6): The rules of kernel_api.h: check the three arguments (in that order), then
-  // kThreadsPerBlock threads and blocks = packs / threads rounded UP (packs = numel / vector_width, rounded up),
-  // but no more than multiprocessors * kBlocksPerMultiprocessor. This is C++ (the .cu file calls it): it runs and
-  // is checked on any machine.
+  // TODO(lesson6, step 6): kernel_api.h's rules: check the arguments in order; kThreadsPerBlock threads, blocks rounded
+  // UP, capped at multiprocessors * kBlocksPerMultiprocessor (about 12 lines).
   TORCH_CHECK(false, "TODO(lesson6, step 6): launch_shape() is not implemented yet");
 }
 // [launch_shape]
