@@ -440,10 +440,16 @@ TEST_CASE("[step3] parameters straight from torch::nn modules (they require grad
   std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(n));
   dist::run_ranks(launch(n), [&](dist::Comm& comm) {
     const int r = comm.rank();
-    torch::manual_seed(11);  // make_problem's modules again: the same initial values
     std::vector<fsdp::FlatParam> flats;
-    for (const auto& [in, out] : std::vector<std::pair<int64_t, int64_t>>{{8, 15}, {15, 13}, {13, 4}}) {
-      torch::nn::Linear layer(in, out);
+    for (const auto& init : p.layers) {
+      // make_problem's initial values copied in: the ranks are threads sharing one CPU generator, so seeding it
+      // again here would race with the other rank's draws (seen on LibTorch 2.6).
+      torch::nn::Linear layer(init[0].size(1), init[0].size(0));
+      {
+        torch::NoGradGuard no_grad;
+        layer->weight.copy_(init[0]);
+        layer->bias.copy_(init[1]);
+      }
       REQUIRE(layer->weight.requires_grad());
       flats.push_back(fsdp::flatten_and_shard(layer->parameters(), r, n));  // weight, bias
       CHECK(flats.back().shard.is_leaf());
