@@ -212,6 +212,26 @@ def hints(lesson, root, step):
     return conventions.hints(read(os.path.join(root, lesson["dir"], "README.md"))).get(step, [])
 
 
+def explain_failing(lesson, root, k, failing):
+    """What to do about failing step K: its TODO (file:line and text), the first failing check, the hints."""
+    n = lesson["number"]
+    markers = todos(lesson, root, k)
+    if markers:
+        print("    TODO at %s" % markers[0][0])
+        print("      %s" % markers[0][1])
+        if len(markers) > 1:
+            print("    (%d more TODO(lesson%d, step %d) markers: %s)" % (
+                len(markers) - 1, n, k, ", ".join(m[0] for m in markers[1:])))
+    else:
+        print("    no TODO(lesson%d, step %d) left; the checks still fail:" % (n, k))
+    name, _, where, message = failing[0]
+    print("    first failing check: %s (%s)" % (name, where))
+    if message:
+        print("      %s" % message[:300])
+    for hint in hints(lesson, root, k):
+        print("    hint: %s" % hint)
+
+
 def report(lesson, root, binaries, only_step=None):
     n = lesson["number"]
     steps = steps_of(lesson, root)
@@ -293,22 +313,7 @@ def report(lesson, root, binaries, only_step=None):
         print("  core done: steps %s pass (the workshop slot's part). Going further:" % ", ".join(
             str(c) for c in sorted(core)))
     print("  next: step %d — %s" % (k, steps.get(k, "")))
-    markers = todos(lesson, root, k)
-    if markers:
-        print("    TODO at %s" % markers[0][0])
-        print("      %s" % markers[0][1])
-        if len(markers) > 1:
-            print("    (%d more TODO(lesson%d, step %d) markers: %s)" % (
-                len(markers) - 1, n, k, ", ".join(m[0] for m in markers[1:])))
-    else:
-        print("    no TODO(lesson%d, step %d) left; the checks still fail:" % (n, k))
-    failing = [c for c in by_step[k] if c[1] == "failed"]
-    name, _, where, message = failing[0]
-    print("    first failing check: %s (%s)" % (name, where))
-    if message:
-        print("      %s" % message[:300])
-    for hint in hints(lesson, root, k):
-        print("    hint: %s" % hint)
+    explain_failing(lesson, root, k, [c for c in by_step[k] if c[1] == "failed"])
     print("    checks of this step: %s" % step_command(lesson, k, targets_of.get(k, ())))
     if core_done:
         return "lesson %d: core done; step %d of %d (going further) next" % (n, k, len(steps))
@@ -330,16 +335,7 @@ def report_step(lesson, root, steps, cases, problems, k, targets_of):
     for problem in problems:
         print("  problem: " + problem)
     if failing:
-        markers = todos(lesson, root, k)
-        if markers:
-            print("    TODO at %s" % markers[0][0])
-            print("      %s" % markers[0][1])
-        name, _, where, message = failing[0]
-        print("    first failing check: %s (%s)" % (name, where))
-        if message:
-            print("      %s" % message[:300])
-        for hint in hints(lesson, root, k):
-            print("    hint: %s" % hint)
+        explain_failing(lesson, root, k, failing)
     print("    checks of this step: %s" % step_command(lesson, k, targets_of.get(k, ())))
     if failing or problems or not passed:
         return "lesson %d: step %d failing" % (n, k)

@@ -91,6 +91,11 @@ def sections(text):
     return [(i, line) for i, line, fenced in conventions._fences(text.splitlines()) if not fenced and _H2.match(line)]
 
 
+def section_span(heads, k, text):
+    """(first line, line after the last) of the k-th level-2 section of `sections(text)`."""
+    return heads[k][0], heads[k + 1][0] if k + 1 < len(heads) else len(text.splitlines())
+
+
 def measure_page(text, core, path="README.md"):
     """(core words, page words, goal bullets, goal says 'you will learn', problems) of one lesson page."""
     problems = []
@@ -117,8 +122,7 @@ def measure_page(text, core, path="README.md"):
     check = [k for k, (i, h) in enumerate(heads) if h.startswith("## Check your work")]
     in_core = lambda i: i < end_core  # noqa: E731
     if check:
-        start = heads[check[0]][0]
-        stop = heads[check[0] + 1][0] if check[0] + 1 < len(heads) else len(text.splitlines())
+        start, stop = section_span(heads, check[0], text)
         in_core = lambda i: i < end_core or start <= i < stop  # noqa: E731
     else:
         problems.append("%s: no '## Check your work' section" % path)
@@ -127,8 +131,7 @@ def measure_page(text, core, path="README.md"):
     goal = [k for k, (i, h) in enumerate(heads) if h.strip() == "## Goal"]
     bullets, learn = 0, False
     if goal:
-        start = heads[goal[0]][0]
-        stop = heads[goal[0] + 1][0] if goal[0] + 1 < len(heads) else len(text.splitlines())
+        start, stop = section_span(heads, goal[0], text)
         body = [l for i, l in lines if start < i < stop]
         bullets = sum(1 for l in body if re.match(r"^(?:[-*+]|\d+\.)\s", l))
         learn = "you will learn" in " ".join(body).lower()

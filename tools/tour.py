@@ -25,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import conventions  # noqa: E402  (the step headings of a lesson page)
+from slot_check import steps_text  # noqa: E402  ("1-3", "4, 5", "none": as the docs' tables write steps)
 
 
 def user_path(path):
@@ -79,12 +80,6 @@ def print_table(rows):
     print("-" * len(line(header)))
     for c in cells:
         print(line(c))
-
-
-def steps_text(numbers):
-    if not numbers:
-        return "none"
-    return "%d-%d" % (numbers[0], numbers[-1]) if len(numbers) > 2 else ", ".join(str(n) for n in numbers)
 
 
 def print_slots(lessons, root):
