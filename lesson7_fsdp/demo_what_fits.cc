@@ -46,7 +46,8 @@ void print_what_fits(const std::string& csv_dir) {
             << " GPUs per node, NVLink " << workshop::fixed(cluster.nvlink_gigabytes_per_s, 0)
             << " GB/s per GPU and direction inside a node, " << workshop::fixed(cluster.network_gigabits_per_s, 0)
             << " Gb/s per GPU between nodes; Adam in mixed precision, 2 + 2 + 12 bytes per parameter; "
-            << "GB = 1e9 bytes.\n";
+            << "activations in 16-bit, counted from each model's own block (GPT-3: Korthikanti et al.'s "
+            << "34 s b h + 5 a s^2 b); GB = 1e9 bytes.\n";
   for (const fsdp::TransformerShape& shape : fsdp::published_shapes()) {
     const fsdp::ParamCount count = fsdp::count_parameters(shape);
     std::cout << "\n"

@@ -90,19 +90,10 @@ at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat) {
 }
 // [gather_full]
 
-// [agree_on_layer]
-void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::ScalarType param_dtype,
-                    at::ScalarType reduce_dtype) {
-  // TODO(lesson7, step 3): put this rank's finding and its call into a record of 8 int64, all-gather the records,
-  // and throw alike on every rank, messages in fsdp.h's words (about 70 lines).
-  TORCH_CHECK(false, "TODO(lesson7, step 3): agree_on_layer() is not implemented yet");
-}
-// [agree_on_layer]
-
 // [sharded_forward]
 at::Tensor sharded_forward(dist::Comm& comm, FlatParam& flat, LayerFn fn, const at::Tensor& x) {
-  // TODO(lesson7, step 3): a custom autograd function: forward agrees, gathers, runs fn; backward agrees, gathers,
-  // recomputes, reduce-scatters grad / N into the shard's gradient (about 50 lines).
+  // TODO(lesson7, step 3): an autograd function: forward calls agree_on_layer (given), gathers, runs fn; backward
+  // agrees, gathers, recomputes, reduce-scatters grad / N into the shard's gradient (about 50 lines).
   TORCH_CHECK(false, "TODO(lesson7, step 3): sharded_forward() is not implemented yet");
 }
 // [sharded_forward]
@@ -200,16 +191,16 @@ PendingGather start_gather_as(dist::Comm& comm, const FlatParam& flat, int tag, 
 
 // [sharded_unscale]
 bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& flats, double scale) {
-  // TODO(lesson7, step 5): refuse a bad scale; unscale each shard's gradient once, flag any inf or NaN, and
-  // all-reduce the flag with kMax on every rank (about 15 lines).
+  // TODO(lesson7, step 5): unscale each shard's gradient once, flag any inf or NaN; all-reduce {flag, scale, -scale}
+  // with kMax on every rank, then throw alike for a bad or a differing scale (about 25 lines).
   TORCH_CHECK(false, "TODO(lesson7, step 5): sharded_unscale_and_check() is not implemented yet");
 }
 // [sharded_unscale]
 
 // [checkpoint_save]
 void save_sharded(dist::Comm& comm, const std::string& dir, const ShardedCheckpoint& ckpt) {
-  // TODO(lesson7, step 6): check every argument before writing (fsdp.h's words); torch::save a header and, per layer,
-  // its shapes, numel, shard and state tensors to dir/rank_R.pt (about 35 lines).
+  // TODO(lesson7, step 6): agree on every rank's layers, state, step and findings (fsdp.h), write dir/rank_R.pt, then
+  // agree that every write worked; full_state reuses the first agreement (about 95 lines).
   TORCH_CHECK(false, "TODO(lesson7, step 6): save_sharded() is not implemented yet");
 }
 // [checkpoint_save]
@@ -225,8 +216,8 @@ ShardedCheckpoint load_sharded(dist::Comm& comm, const std::string& dir,
 
 // [full_state]
 std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam>& flats) {
-  // TODO(lesson7, step 6): agree first (fsdp.h's record and words), then gather_full every layer on every
-  // rank; rank 0 keeps copies of the views; most of it is the agreement (about 75 lines).
+  // TODO(lesson7, step 6): save_sharded's first agreement (no state, no step), then gather_full every layer on
+  // every rank; rank 0 keeps copies of the views (about 10 lines).
   TORCH_CHECK(false, "TODO(lesson7, step 6): full_state() is not implemented yet");
 }
 // [full_state]

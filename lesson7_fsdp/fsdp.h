@@ -88,26 +88,24 @@ at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat);
 /// What one layer computes from its input and its parameters (the views unflatten makes, in order).
 using LayerFn = std::function<at::Tensor(const at::Tensor& x, const std::vector<at::Tensor>& params)>;
 
-/// Step 3: the ranks agree before each gather of a layer (sharded_forward's forward and backward, and step 5's
-/// sharded_forward_mixed), so that ranks that are not at the same layer fail at once, by name, on EVERY rank,
-/// instead of waiting in a ring for a peer that is elsewhere until the timeout (or, when the rings' messages
-/// differ in size, Gloo aborting the process). Every rank all-gathers (comm.all_gather) a record of 8 int64:
-/// the phase (forward, or backward when `backward`), flat.rank and flat.world_size, flat.numel, a fingerprint of
-/// flat.shapes, `param_dtype` (the gather's dtype) and `reduce_dtype` (the reduce-scatter's; step 3 passes
-/// float32 for both), and what this rank found wrong with its own arguments, checked in this order and put
-/// into the record instead of thrown alone: a FlatParam made for another rank or world size ("the FlatParam was
-/// made for rank R of N, but this is rank r of n"), in the forward a shard that is not a leaf that requires grad
-/// ("the layer's shard must be a leaf that requires grad"), a param_dtype other than float32, bfloat16 and
-/// float16 ("param_dtype must be float32, bfloat16 or float16"), a reduce_dtype other than float32 and the
-/// param_dtype ("reduce_dtype must be float32 or the param_dtype"). Every rank then throws "on rank r: " and
-/// the first such rank's finding; or, when the records differ in anything but flat.rank, "the ranks disagree on
-/// the layer they are about to gather (" and each rank's call in rank order, joined by "; ", each starting
-/// "rank R: the forward of a layer of E elements" or "rank R: the backward of a layer of E elements" (E:
-/// flat.numel; what follows "elements", such as the dtypes, is free), then ")". A rank whose loss skips a layer
-/// that another rank's loss uses is in another layer's backward, or its next forward, when its peers start
-/// that layer's backward. Layers of the same shapes look alike here (ShardedStack, step 4,
-/// knows each layer's index); a rank that skips a layer's backward and makes no further call of these is left
-/// to the timeout.
+/// Given (lesson7_fsdp/fsdp_given.cc): the ranks agree before each gather of a layer (step 3's sharded_forward, forward
+/// and backward, and step 5's sharded_forward_mixed call it), so that ranks that are not at the same layer fail at
+/// once, by name, on EVERY rank, instead of waiting in a ring for a peer that is elsewhere until the timeout (or, when
+/// the rings' messages differ in size, Gloo aborting the process). Every rank all-gathers (comm.all_gather) a record of
+/// 8 int64: the phase (forward, or backward when `backward`), flat.rank and flat.world_size, flat.numel, a fingerprint
+/// of flat.shapes, `param_dtype` (the gather's dtype) and `reduce_dtype` (the reduce-scatter's; step 3 passes float32
+/// for both), and what this rank found wrong with its own arguments, checked in this order and put into the record
+/// instead of thrown alone: a FlatParam made for another rank or world size ("the FlatParam was made for rank R of N,
+/// but this is rank r of n"), in the forward a shard that is not a leaf that requires grad ("the layer's shard must be
+/// a leaf that requires grad"), a param_dtype other than float32, bfloat16 and float16 ("param_dtype must be float32,
+/// bfloat16 or float16"), a reduce_dtype other than float32 and the param_dtype ("reduce_dtype must be float32 or the
+/// param_dtype"). Every rank then throws "on rank r: " and the first such rank's finding; or, when the records differ
+/// in anything but flat.rank, "the ranks disagree on the layer they are about to gather (" and each rank's call in rank
+/// order, joined by "; ", each starting "rank R: the forward of a layer of E elements" or "rank R: the backward of a
+/// layer of E elements" (E: flat.numel; what follows "elements", such as the dtypes, is free), then ")". A rank whose
+/// loss skips a layer that another rank's loss uses is in another layer's backward, or its next forward, when its peers
+/// start that layer's backward. Layers of the same shapes look alike here (ShardedStack, step 4, knows each layer's
+/// index); a rank that skips a layer's backward and makes no further call of these is left to the timeout.
 void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::ScalarType param_dtype = at::kFloat,
                     at::ScalarType reduce_dtype = at::kFloat);
 
@@ -239,12 +237,15 @@ at::Tensor sharded_forward_mixed(dist::Comm& comm, FlatParam& flat, LayerFn fn, 
 
 /// Step 5: the gradient scaler across shards, as PyTorch's ShardedGradScaler. Each rank multiplies the gradient
 /// of each of ITS shards by 1 / scale in place (once) and notes whether any holds an inf or NaN; then the ranks
-/// agree with one all-reduce MAX of that one float32 flag (4 bytes), so that the result is the same on EVERY
-/// rank: true when any rank's shard saw an inf or NaN. The caller then skips the step and backs the scale off on
-/// every rank, or steps on every rank. Shards without a gradient are skipped (the rank still joins the
-/// all-reduce). A scale that is not finite and > 0 on any rank: EVERY rank throws "on rank r: scale must be
-/// finite and > 0" after the all-reduce (that rank unscales nothing and puts 2 + r in its flag: the MAX carries
-/// it to every rank, and no rank is left waiting for the one that would have thrown alone).
+/// agree with one all-reduce MAX of three float64 (24 bytes): that flag, the scale and minus the scale, so that
+/// the result is the same on EVERY rank: true when any rank's shard saw an inf or NaN. The caller then skips the
+/// step and backs the scale off on every rank, or steps on every rank. Shards without a gradient are skipped (the
+/// rank still joins the all-reduce). A scale that is not finite and > 0 on any rank: EVERY rank throws "on rank
+/// r: scale must be finite and > 0" after the all-reduce (that rank unscales nothing, puts 2 + r in its flag and
+/// -inf in the two scale slots: the MAX carries it to every rank, and no rank is left waiting for the one that
+/// would have thrown alone). Valid scales that differ across ranks (two scalers out of step: each rank's shards
+/// would be unscaled by another factor, silently): EVERY rank throws "the ranks passed different scales (from
+/// LOW to HIGH)".
 bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& flats, double scale);
 // [api_mixed]
 
@@ -261,10 +262,15 @@ struct ShardedCheckpoint {
 
 /// Step 6: sharded save. Each rank writes ONE file, `dir`/rank_R.pt, R the rank (torch::save of a list of tensors): a
 /// header (format, world size N, rank, layers, step, state tensors per layer), then per layer its parameters'
-/// shapes (the model's fingerprint), its unpadded numel, its shard and its state shards. No traffic: N ranks
-/// write N files at once. Creates `dir` if needed. Throws "was made for rank" when a FlatParam belongs to
-/// another rank or world size than `comm`, "one state list per FlatParam" and "elements, but" (a state tensor
-/// that is not S elements long, or a layer with another number of state tensors: "state tensors, but").
+/// shapes (the model's fingerprint), its unpadded numel, its shard and its state shards. N ranks write N files at
+/// once, no shard travels. Creates `dir` if needed. Before writing, the ranks agree as full_state does (one all-gather
+/// of its record, with the step in it): a fault on any rank fails EVERY rank before any file is written, as
+/// "save_sharded: on rank r: " and the first fault: "was made for rank" when a FlatParam belongs to another rank or
+/// world size than `comm`, "one state list per FlatParam", "state tensors, but" (a layer with another number of state
+/// tensors than layer 0) and "elements, but" (a state tensor that is not S elements long); ranks whose layers, state
+/// counts or steps differ: "the ranks disagree on the checkpoint they save". After writing, the ranks agree again (one
+/// all-gather of a flag): a write that failed on rank r fails EVERY rank with "on rank r: could not write" and the
+/// file's path (so that no rank goes on believing the checkpoint is whole).
 void save_sharded(dist::Comm& comm, const std::string& dir, const ShardedCheckpoint& ckpt);
 
 /// Step 6: resharding load into comm's world size N', which may differ from the N that saved. Each rank reads

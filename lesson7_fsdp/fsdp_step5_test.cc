@@ -643,6 +643,26 @@ TEST_CASE("[step5] a bad scale on one rank only: every rank fails by name, none 
   }
 }
 
+TEST_CASE("[step5] valid scales that differ across ranks: every rank fails by name, none unscales silently") {
+  const Problem p = make_problem();
+  // Two scalers out of step: one rank grew or backed off its scale and another did not (or by a hair: a float32
+  // comparison would take 1024 x (1 + 1e-12) for 1024). The odd rank is each rank in turn, on 3 ranks.
+  for (const double other : {2048.0, 512.0, 1024.0 * (1 + 1e-12)}) {
+    for (int odd = 0; odd < 3; ++odd) {
+      CAPTURE(other);
+      CAPTURE(odd);
+      check_fails_on_every_rank(
+          3,
+          [&](dist::Comm& comm) {
+            std::vector<fsdp::FlatParam> flats = shard_layers(p, comm.rank(), 3);
+            for (auto& flat : flats) flat.shard.mutable_grad() = torch::ones_like(flat.shard).detach();
+            fsdp::sharded_unscale_and_check(comm, flats, comm.rank() == odd ? other : 1024.0);
+          },
+          "the ranks passed different scales");
+    }
+  }
+}
+
 TEST_CASE("[step5] shards without a gradient: skipped by the scaler, the rank still joins the agreement") {
   const Problem p = make_problem();
   const int n = 2;

@@ -362,6 +362,73 @@ TEST_CASE("[step6] full_state and full_optim_state: a fault or another model on 
   }
 }
 
+TEST_CASE("[step6] save_sharded: a fault or another checkpoint on rank 1 only fails every rank; nothing written") {
+  const Problem p = make_problem();
+  // Every rank saves the problem's layers at step 3 with two state tensors per layer; `spoil` changes rank 1's.
+  using Spoil = std::function<void(fsdp::ShardedCheckpoint&)>;
+  const auto run = [&p](const std::string& dir, const Spoil& spoil) {
+    return [&p, dir, spoil](dist::Comm& comm) {
+      fsdp::ShardedCheckpoint ckpt = fresh(p, comm.rank(), 2);
+      ckpt.step = 3;
+      for (size_t l = 0; l < ckpt.flats.size(); ++l) {
+        const int64_t s = ckpt.flats[l].shard.numel();
+        ckpt.optim_state[l] = {torch::zeros({s}), torch::ones({s})};
+      }
+      if (comm.rank() == 1) spoil(ckpt);
+      fsdp::save_sharded(comm, dir, ckpt);
+    };
+  };
+  std::vector<torch::Tensor> transposed = p.layers[1];
+  transposed[0] = transposed[0].t().contiguous();  // the same sizes, another shape
+  const std::vector<std::pair<Spoil, std::string>> faults{
+      {[&p](fsdp::ShardedCheckpoint& c) { c.flats[0] = fsdp::flatten_and_shard(p.layers[0], 0, 2); },
+       "on rank 1: FlatParam 0 was made for rank 0 of 2"},
+      {[&p](fsdp::ShardedCheckpoint& c) { c.flats[2] = fsdp::flatten_and_shard(p.layers[2], 1, 3); },
+       "on rank 1: FlatParam 2 was made for rank 1 of 3"},
+      {[](fsdp::ShardedCheckpoint& c) { c.optim_state.pop_back(); },
+       "on rank 1: one state list per FlatParam: 3 FlatParams, 2 state lists"},
+      {[](fsdp::ShardedCheckpoint& c) { c.optim_state[1].pop_back(); },
+       "on rank 1: layer 1 has 1 state tensors, but layer 0 has 2"},
+      {[](fsdp::ShardedCheckpoint& c) { c.optim_state[2][1] = torch::zeros({c.flats[2].shard.numel() + 1}); },
+       "on rank 1: a state tensor of layer 2 has " + std::to_string(shard_of(kLayerNumel[2], 2) + 1) + " elements"},
+      {[](fsdp::ShardedCheckpoint& c) { c.optim_state[0][0] = torch::Tensor(); },
+       "on rank 1: a state tensor of layer 0 has 0 elements"},
+      {[](fsdp::ShardedCheckpoint& c) { c.step = 4; }, "the ranks disagree on the checkpoint they save"},
+      {[](fsdp::ShardedCheckpoint& c) {
+         c.flats.pop_back();
+         c.optim_state.pop_back();
+       },
+       "the ranks disagree on the checkpoint they save"},
+      {[&transposed](fsdp::ShardedCheckpoint& c) { c.flats[1] = fsdp::flatten_and_shard(transposed, 1, 2); },
+       "the ranks disagree on the checkpoint they save"},
+      {[](fsdp::ShardedCheckpoint& c) {
+         for (auto& state : c.optim_state) state.clear();
+       },
+       "the ranks disagree on the checkpoint they save"},
+  };
+  for (size_t f = 0; f < faults.size(); ++f) {
+    CAPTURE(f);
+    const std::string dir = fresh_dir("save_fault_" + std::to_string(f));
+    check_fails_on_every_rank(2, run(dir, faults[f].first), "save_sharded: " + faults[f].second);
+    // Refused before anyone wrote: no rank file of a checkpoint that could not be whole.
+    CHECK_FALSE(std::filesystem::exists(std::filesystem::path(dir) / "rank_0.pt"));
+    CHECK_FALSE(std::filesystem::exists(std::filesystem::path(dir) / "rank_1.pt"));
+  }
+}
+
+TEST_CASE("[step6] save_sharded: a write that fails on one rank only fails every rank, by name") {
+  const Problem p = make_problem();
+  for (const int bad : {0, 1, 2}) {
+    CAPTURE(bad);
+    const std::string dir = fresh_dir("unwritable_" + std::to_string(bad));
+    const std::string file = dir + "/rank_" + std::to_string(bad) + ".pt";
+    std::filesystem::create_directories(file);  // a folder where that rank's file goes: its write fails, no other
+    check_fails_on_every_rank(
+        3, [&](dist::Comm& comm) { fsdp::save_sharded(comm, dir, fresh(p, comm.rank(), 3)); },
+        "save_sharded: on rank " + std::to_string(bad) + ": could not write " + file);
+  }
+}
+
 namespace {
 
 // Saves `layers` sharded on `n` ranks into `dir` at optimizer step `step`, with two state tensors per layer.

@@ -141,19 +141,61 @@ TEST_CASE("[step7] around the node boundary and beyond: N = 1, 9 (padding per un
   CHECK(fsdp::model_state_bytes(mixed, fsdp::Strategy::kZero2, 4).working == 2 * 13);
 }
 
-TEST_CASE("[step7] activations with and without checkpointing (Korthikanti et al.'s 34 sbh + 5 a s^2 b)") {
-  // Toy GPT: s 3, b 1, h 4, a 2: sbh = 12, a block 34 * 12 + 5 * 2 * 9 = 498; two blocks 996; checkpointed,
-  // two inputs of 2 * 12 and one block recomputed: 48 + 498 = 546.
+TEST_CASE("[step7] activations counted from the block's own tensors, with and without checkpointing") {
+  // Toy GPT (s 3, b 1, h 4, a 2, kv width 4, ffn 16): sbh = 12, a block 14 * 12 + 4 * 12 + 4 * 3 * 16 + 5 * 2 * 9 =
+  // 168 + 48 + 192 + 90 = 498 (= 34 * 12 + 5 * 2 * 9); two blocks 996; checkpointed, two inputs of 2 * 12 and one
+  // block recomputed: 48 + 498 = 546.
   CHECK(fsdp::activation_bytes(toy_gpt(), false) == 996);
   CHECK(fsdp::activation_bytes(toy_gpt(), true) == 546);
   fsdp::TransformerShape two = toy_gpt();
-  two.micro_batch = 2;  // everything doubles: a block 34 * 24 + 5 * 2 * 9 * 2 = 996
+  two.micro_batch = 2;  // everything doubles: a block 996
   CHECK(fsdp::activation_bytes(two, false) == 1992);
   CHECK(fsdp::activation_bytes(two, true) == 96 + 996);
-  // Llama-2 7B, one sequence of 4096: a block 34 * 4096^3 + 5 * 32 * 4096^2 = 3,254,779,904 bytes.
+  // GPT with an MLP of 12, not 4h = 16: GeLU's two tensors are 2 * 3 * 12 bytes each: 168 + 48 + 144 + 90 = 450.
+  fsdp::TransformerShape narrow = toy_gpt();
+  narrow.ffn = 12;
+  CHECK(fsdp::activation_bytes(narrow, false) == 2 * 450);
+  CHECK(fsdp::activation_bytes(narrow, true) == 48 + 450);
+  // GPT with 1 key/value head for 2 heads: K and V are 2 wide, 2 * 3 * 2 bytes each: 168 + 24 + 192 + 90 = 474.
+  fsdp::TransformerShape grouped = toy_gpt();
+  grouped.kv_heads = 1;
+  CHECK(fsdp::activation_bytes(grouped, false) == 2 * 474);
+  // Toy Llama (s 3, b 1, h 8, a 4, 2 kv heads: kv width 4, ffn 12), no dropout: 12 * 24 + 4 * 3 * 4 + 8 * 3 * 12 +
+  // 2 * 4 * 9 = 288 + 48 + 288 + 72 = 696 a block; two 1,392; checkpointed 2 * 2 * 24 + 696 = 792.
+  CHECK(fsdp::activation_bytes(toy_llama(), false) == 1392);
+  CHECK(fsdp::activation_bytes(toy_llama(), true) == 792);
+  fsdp::TransformerShape full_kv = toy_llama();
+  full_kv.kv_heads = 4;  // K and V 8 wide: 288 + 96 + 288 + 72 = 744
+  CHECK(fsdp::activation_bytes(full_kv, false) == 2 * 744);
+  fsdp::TransformerShape llama_two = toy_llama();
+  llama_two.micro_batch = 2;  // everything doubles
+  CHECK(fsdp::activation_bytes(llama_two, false) == 2 * 1392);
+  // Llama-2 7B, one sequence of 4096 (kv width 4096, ffn 11008): a block 12 * 4096^2 + 4 * 4096^2 + 8 * 4096 * 11008
+  // + 2 * 32 * 4096^2 = 201,326,592 + 67,108,864 + 360,710,144 + 1,073,741,824 = 1,702,887,424 bytes.
   const fsdp::TransformerShape l7 = shape_named("Llama-2 7B");
-  CHECK(fsdp::activation_bytes(l7, false) == 104152956928);
-  CHECK(fsdp::activation_bytes(l7, true) == 4328521728);
+  CHECK(fsdp::activation_bytes(l7, false) == 32 * int64_t{1702887424});
+  CHECK(fsdp::activation_bytes(l7, false) == 54492397568);
+  CHECK(fsdp::activation_bytes(l7, true) == 2776629248);
+  // Llama-2 70B (8 kv heads of 128: kv width 1024, ffn 28672): 12 * 4096 * 8192 + 4 * 4096 * 1024 +
+  // 8 * 4096 * 28672 + 2 * 64 * 4096^2 = 402,653,184 + 16,777,216 + 939,524,096 + 2,147,483,648 = 3,506,438,144.
+  CHECK(fsdp::activation_bytes(shape_named("Llama-2 70B"), false) == 80 * int64_t{3506438144});
+}
+
+TEST_CASE("[step7] a GPT block with ffn = 4h and kv_heads = heads saves Korthikanti et al.'s 34 s b h + 5 a s^2 b") {
+  std::vector<fsdp::TransformerShape> shapes = {toy_gpt(), shape_named("GPT-3 1.3B")};
+  shapes.push_back({"GPT, 3 heads of 4", fsdp::Family::kGpt, 3, 12, 3, 3, 48, 10, 7, 2});
+  shapes.push_back({"GPT, 1 head", fsdp::Family::kGpt, 1, 6, 1, 1, 24, 10, 5, 3});
+  for (const fsdp::TransformerShape& s : shapes) {
+    CAPTURE(s.name);
+    REQUIRE(s.ffn == 4 * s.hidden);
+    REQUIRE(s.kv_heads == s.heads);
+    const int64_t sbh = s.sequence * s.micro_batch * s.hidden;
+    const int64_t eq1 = 34 * sbh + 5 * s.heads * s.sequence * s.sequence * s.micro_batch;
+    CHECK(fsdp::activation_bytes(s, false) == s.layers * eq1);
+    CHECK(fsdp::activation_bytes(s, true) == s.layers * 2 * sbh + eq1);
+  }
+  // GPT-3 1.3B: 24 x (34 x 2048^2 + 5 x 16 x 2048^2) = 24 x 478,150,656.
+  CHECK(fsdp::activation_bytes(shape_named("GPT-3 1.3B"), false) == 11475615744);
 }
 
 TEST_CASE("[step7] bytes on the wire per step: 2 rings for DDP, ZeRO-1 and ZeRO-2, 3 for full sharding") {
@@ -196,19 +238,19 @@ TEST_CASE("[step7] the verdict: Llama-2 7B on 8 H200s, and the budget at and jus
   // Full sharding: 16 x 842,301,952 + 6 x 262,148,096 (the embedding-and-head unit is the largest) = 15,049,719,808.
   fsdp::Fit full = fsdp::what_fits(l7, fsdp::Strategy::kFullShard, 8, true, h200);
   CHECK(full.state.total() == 15049719808);
-  CHECK(full.activations == 4328521728);
-  CHECK(full.total == 19378241536);
+  CHECK(full.activations == 2776629248);
+  CHECK(full.total == 17826349056);
   CHECK(full.fits);
   CHECK(full.comm_bytes == 3 * 7 * int64_t{842301952} * 2);
   CHECK(full.comm_s == doctest::Approx(3 * 7 * 842301952.0 * 2 / 450e9).epsilon(1e-12));
-  CHECK(fsdp::what_fits(l7, fsdp::Strategy::kFullShard, 8, false, h200).total == 119202676736);
+  CHECK(fsdp::what_fits(l7, fsdp::Strategy::kFullShard, 8, false, h200).total == 69542117376);
   CHECK(fsdp::what_fits(l7, fsdp::Strategy::kFullShard, 8, false, h200).fits);
   // DDP: 16 x 6,738,415,616 = 107,814,649,856 of state; with every activation it does not fit, checkpointed it does.
   fsdp::Fit ddp = fsdp::what_fits(l7, fsdp::Strategy::kDdp, 8, false, h200);
-  CHECK(ddp.total == 211967606784);
+  CHECK(ddp.total == 162307047424);
   CHECK_FALSE(ddp.fits);
   fsdp::Fit ddp_ckpt = fsdp::what_fits(l7, fsdp::Strategy::kDdp, 8, true, h200);
-  CHECK(ddp_ckpt.total == 112143171584);
+  CHECK(ddp_ckpt.total == 110591279104);
   CHECK(ddp_ckpt.fits);
   // At the budget it fits; one byte less and it does not.
   fsdp::Cluster tight;
@@ -223,8 +265,8 @@ TEST_CASE("[step7] the verdict: Llama-2 7B on 8 H200s, and the budget at and jus
   CHECK_FALSE(fsdp::what_fits(l70, fsdp::Strategy::kFullShard, 64, false, h200).fits);
 }
 
-// A toy Llama of 5 blocks: one block of b sequences saves 34 s b h + 5 a s^2 b = 34 x 24 b + 5 x 4 x 9 b = 996 b bytes,
-// its input 2 s b h = 48 b.
+// A toy Llama of 5 blocks: one block of b sequences saves 12 s b h + 4 s b kv + 8 s b ffn + 2 a s^2 b =
+// (288 + 48 + 288 + 72) b = 696 b bytes, its input 2 s b h = 48 b.
 fsdp::TransformerShape toy_llama_5() {
   fsdp::TransformerShape s = toy_llama();
   s.layers = 5;
@@ -242,23 +284,23 @@ TEST_CASE("[step7] a lesson 4 recipe's peak: segments, micro-batch and float32 o
       const auto activations = [&](int64_t micro, int64_t segments, bool low) {
         return fsdp::recipe_peak_bytes(toy, strategy, gpus, 4, mem::Recipe{micro, segments, low}) - state;
       };
-      // b = 2 of a batch of 4, 16-bit: no checkpointing keeps all 5 blocks, 5 x 1,992 = 9,960.
-      CHECK(activations(2, 1, true) == 9960);
-      // 2 segments (3 + 2 blocks): 1 kept input of 96 and the larger segment, 3 blocks: 96 + 5,976.
-      CHECK(activations(2, 2, true) == 6072);
-      // 3 segments (2 + 2 + 1): 2 inputs, 2 blocks: 192 + 3,984.
-      CHECK(activations(2, 3, true) == 4176);
+      // b = 2 of a batch of 4, 16-bit: no checkpointing keeps all 5 blocks, 5 x 1,392 = 6,960.
+      CHECK(activations(2, 1, true) == 6960);
+      // 2 segments (3 + 2 blocks): 1 kept input of 96 and the larger segment, 3 blocks: 96 + 4,176.
+      CHECK(activations(2, 2, true) == 4272);
+      // 3 segments (2 + 2 + 1): 2 inputs, 2 blocks: 192 + 2,784.
+      CHECK(activations(2, 3, true) == 2976);
       // 5 segments of one block: 4 inputs and one block, one input fewer than activation_bytes' checkpointing.
-      CHECK(activations(2, 5, true) == 2376);
+      CHECK(activations(2, 5, true) == 1776);
       fsdp::TransformerShape two = toy;
       two.micro_batch = 2;
       CHECK(activations(2, 5, true) == fsdp::activation_bytes(two, true) - 96);
       CHECK(activations(2, 1, true) == fsdp::activation_bytes(two, false));
       // float32 activations: twice the bytes; micro-batch 0: the whole batch of 4 at once.
-      CHECK(activations(2, 3, false) == 2 * 4176);
-      CHECK(activations(0, 1, true) == 5 * 996 * 4);
-      CHECK(activations(4, 1, true) == 5 * 996 * 4);
-      CHECK(activations(1, 2, false) == 2 * (48 + 3 * 996));
+      CHECK(activations(2, 3, false) == 2 * 2976);
+      CHECK(activations(0, 1, true) == 5 * 696 * 4);
+      CHECK(activations(4, 1, true) == 5 * 696 * 4);
+      CHECK(activations(1, 2, false) == 2 * (48 + 3 * 696));
     }
   }
   // shape.micro_batch plays no part: the recipe says how many sequences go through at once.
@@ -271,33 +313,37 @@ TEST_CASE("[step7] a lesson 4 recipe's peak: segments, micro-batch and float32 o
 TEST_CASE("[step7] lesson 4's planner on the napkin: Llama-2 7B, 8 sequences per GPU, by hand on the page") {
   const fsdp::TransformerShape l7 = shape_named("Llama-2 7B");
   const fsdp::Cluster h200;
-  // Full sharding on 8: 15,049,719,808 of state; b = 4: a block 34 x 67,108,864 + 5 x 32 x 4096^2 x 4 =
-  // 13,019,119,616, an input 134,217,728; 6 segments (round(sqrt(32))): 5 inputs and 6 blocks.
+  // Full sharding on 8: 15,049,719,808 of state; b = 8: a block 8 x 1,702,887,424 = 13,623,099,392, an input
+  // 2 x 4096 x 8 x 4096 = 268,435,456; 6 segments (round(sqrt(32))): 5 inputs and 6 blocks.
   const mem::Plan plan = fsdp::plan_cell(l7, fsdp::Strategy::kFullShard, 8, 8, h200);
-  CHECK(plan.recipe.micro_batch == 4);
+  CHECK(plan.recipe.micro_batch == 0);  // all 8 sequences at once
   CHECK(plan.recipe.segments == 6);
   CHECK(plan.recipe.low_precision);
-  CHECK(plan.peak_bytes == 15049719808 + 5 * int64_t{134217728} + 6 * int64_t{13019119616});
-  CHECK(plan.peak_bytes == 93835526144);
+  CHECK(plan.peak_bytes == 15049719808 + 5 * int64_t{268435456} + 6 * int64_t{13623099392});
+  CHECK(plan.peak_bytes == 98130493440);
   CHECK(plan.peak_bytes == fsdp::recipe_peak_bytes(l7, fsdp::Strategy::kFullShard, 8, 8, plan.recipe));
-  // The least-memory recipe first, then the 8 of micro-batches 8 and 4 in order: 9 probes.
-  CHECK(plan.probes == 9);
-  // At that budget the same plan; one byte less and float32 at b = 2 costs exactly as much (twice the bytes of
-  // half the sequences), so the planner goes on to 16-bit at b = 2.
+  // The least-memory recipe first, then the 4 of micro-batch 8 in order: 5 probes.
+  CHECK(plan.probes == 5);
+  // At that budget the same plan; one byte less and float32 at b = 4 costs exactly as much (twice the bytes of
+  // half the sequences), so the planner goes on to 16-bit at b = 4: 15,049,719,808 + 5 x 134,217,728 +
+  // 6 x 6,811,549,696 = 56,590,106,624, after 9 probes.
   fsdp::Cluster tight;
   tight.gpu_bytes = plan.peak_bytes;
-  CHECK(fsdp::plan_cell(l7, fsdp::Strategy::kFullShard, 8, 8, tight).recipe.micro_batch == 4);
+  CHECK(fsdp::plan_cell(l7, fsdp::Strategy::kFullShard, 8, 8, tight).recipe.micro_batch == 0);
   tight.gpu_bytes = plan.peak_bytes - 1;
   const mem::Plan smaller = fsdp::plan_cell(l7, fsdp::Strategy::kFullShard, 8, 8, tight);
-  CHECK(smaller.recipe.micro_batch == 2);
+  CHECK(smaller.recipe.micro_batch == 4);
   CHECK(smaller.recipe.segments == 6);
   CHECK(smaller.recipe.low_precision);
-  CHECK(fsdp::recipe_peak_bytes(l7, fsdp::Strategy::kFullShard, 8, 8, mem::Recipe{2, 6, false}) == plan.peak_bytes);
-  // DDP on 8 keeps 107,814,649,856 of state: only one sequence at a time fits, checkpointed.
+  CHECK(smaller.peak_bytes == 56590106624);
+  CHECK(smaller.probes == 9);
+  CHECK(fsdp::recipe_peak_bytes(l7, fsdp::Strategy::kFullShard, 8, 8, mem::Recipe{4, 6, false}) == plan.peak_bytes);
+  // DDP on 8 keeps 107,814,649,856 of state: two sequences at a time fit, checkpointed.
   const mem::Plan ddp = fsdp::plan_cell(l7, fsdp::Strategy::kDdp, 8, 8, h200);
-  CHECK(ddp.recipe.micro_batch == 1);
+  CHECK(ddp.recipe.micro_batch == 2);
   CHECK(ddp.recipe.segments == 6);
-  CHECK(ddp.peak_bytes == 107814649856 + 5 * int64_t{33554432} + 6 * int64_t{3254779904});
+  CHECK(ddp.recipe.low_precision);
+  CHECK(ddp.peak_bytes == 107814649856 + 5 * int64_t{67108864} + 6 * int64_t{3405774848});
   // Llama-2 13B replicated: no recipe fits, and the error says so.
   CHECK_THROWS_WITH(fsdp::plan_cell(shape_named("Llama-2 13B"), fsdp::Strategy::kDdp, 8, 8, h200),
                     Contains("no recipe fits the budget"));
@@ -373,10 +419,32 @@ TEST_CASE("[step7] bad input is refused by name") {
                     Contains("layers must be > 0"));
   CHECK_THROWS_WITH(fsdp::plan_cell(toy, fsdp::Strategy::kDdp, 2, 0, h200), Contains("batch must be"));
   CHECK_THROWS_WITH(fsdp::plan_cell(toy, fsdp::Strategy::kDdp, 2, 4, no_memory), Contains("budget_bytes must be > 0"));
+  // The shape's rules between its sizes, and its family, at every function that takes a shape.
+  std::vector<std::pair<fsdp::TransformerShape, std::string>> bad;
   fsdp::TransformerShape s = toy_llama();
-  s.heads = 3;
-  CHECK_THROWS_WITH(fsdp::layer_parameters(s), Contains("heads must divide hidden"));
+  s.heads = 3;  // of hidden 8
+  bad.emplace_back(s, "heads must divide hidden");
   s = toy_llama();
-  s.kv_heads = 3;
-  CHECK_THROWS_WITH(fsdp::layer_parameters(s), Contains("kv_heads must divide heads"));
+  s.kv_heads = 3;  // of 4 heads
+  bad.emplace_back(s, "kv_heads must divide heads");
+  s.kv_heads = 8;  // more key/value heads than heads
+  bad.emplace_back(s, "kv_heads must divide heads");
+  s = toy_gpt();
+  s.family = static_cast<fsdp::Family>(2);
+  bad.emplace_back(s, "unknown family");
+  s.family = static_cast<fsdp::Family>(-1);
+  bad.emplace_back(s, "unknown family");
+  for (const auto& shape_and_message : bad) {
+    const fsdp::TransformerShape& shape = shape_and_message.first;
+    const char* message = shape_and_message.second.c_str();
+    CAPTURE(shape_and_message.second);
+    CHECK_THROWS_WITH(fsdp::layer_parameters(shape), Contains(message));
+    CHECK_THROWS_WITH(fsdp::count_parameters(shape), Contains(message));
+    CHECK_THROWS_WITH(fsdp::activation_bytes(shape, false), Contains(message));
+    CHECK_THROWS_WITH(fsdp::activation_bytes(shape, true), Contains(message));
+    CHECK_THROWS_WITH(fsdp::what_fits(shape, fsdp::Strategy::kFullShard, 8, true, h200), Contains(message));
+    CHECK_THROWS_WITH(fsdp::recipe_peak_bytes(shape, fsdp::Strategy::kDdp, 2, 4, mem::Recipe{1, 1, true}),
+                      Contains(message));
+    CHECK_THROWS_WITH(fsdp::plan_cell(shape, fsdp::Strategy::kDdp, 2, 4, h200), Contains(message));
+  }
 }

@@ -43,8 +43,8 @@ StateBytes model_state_bytes(const ParamCount& count, Strategy strategy, int gpu
 
 // [activation_bytes]
 int64_t activation_bytes(const TransformerShape& s, bool checkpointing) {
-  // TODO(lesson7, step 7): layer_parameters' checks; layers blocks of 34 s b h + 5 a s^2 b bytes, or, checkpointed,
-  // every block's input (2 s b h) plus one block (about 7 lines).
+  // TODO(lesson7, step 7): layer_parameters' checks; one block's saved tensors as what_fits.h lists them per family,
+  // layers x that, or, checkpointed, every block's input (2 s b h) plus one block (about 16 lines).
   TORCH_CHECK(false, "TODO(lesson7, step 7): activation_bytes() is not implemented yet");
 }
 // [activation_bytes]

@@ -60,7 +60,8 @@ struct ParamCount {
 /// key and value projections h x (kv_heads x h / heads) each; the MLP: 2 x h x ffn (kGpt) or 3 x h x ffn (kLlama,
 /// gated); two norms of h (RMSNorm) or 2h (LayerNorm) each; and for kGpt the biases: h + 2 x kv width + h for
 /// attention, ffn + h for the MLP. Throws "layers must be > 0" (and the same words for hidden, heads, kv_heads,
-/// ffn, vocab, sequence, micro_batch), "heads must divide hidden" and "kv_heads must divide heads".
+/// ffn, vocab, sequence, micro_batch), "heads must divide hidden", "kv_heads must divide heads" and "unknown
+/// family" (a `family` that is neither kGpt nor kLlama).
 int64_t layer_parameters(const TransformerShape& shape);
 
 /// Step 7: the parameters of the whole model, by FSDP unit: `layers` blocks of layer_parameters(shape), and
@@ -132,12 +133,29 @@ StateBytes model_state_bytes(const ParamCount& count, Strategy strategy, int gpu
 // [api_fits_bytes]
 
 // [api_fits_activations]
-/// Step 7: bytes of activations a GPU saves for the backward (bfloat16), after Korthikanti et al. 2022 ("Reducing
-/// Activation Recomputation in Large Transformer Models", eq. 1, no tensor parallelism): one block saves
-/// s x b x h x (34 + 5 x a x s / h) bytes = 34 s b h + 5 a s^2 b. Without checkpointing every block keeps its
-/// own: layers x that. With every block checkpointed (lesson 4) a block keeps only its input, 2 s b h bytes, and
-/// the backward recomputes one block at a time: layers x 2 s b h + one block's 34 s b h + 5 a s^2 b. Throws
-/// what layer_parameters throws.
+/// Step 7: bytes of activations a GPU saves for the backward, counted tensor by tensor in the shape's own block as
+/// Korthikanti et al. 2022 count a GPT-3 layer ("Reducing Activation Recomputation in Large Transformer Models",
+/// section 4.1, no tensor parallelism), whose total is their equation 1, 34 s b h + 5 a s^2 b. With s = sequence,
+/// b = micro_batch, h = hidden, a = heads, kv = kv_heads x h / a (the width of K and of V), f = ffn, 2 bytes per
+/// element (bfloat16) and 1 per element of a dropout mask, one block saves:
+///  - in both families: each norm's input (2 s b h, two norms), the input the q, k and v projections share
+///    (2 s b h), Q (2 s b h) and K (2 s b kv) for Q K^T, the softmax's output (2 a s^2 b), V (2 s b kv), the output
+///    projection's input (2 s b h) and the MLP's input (2 s b h): 12 s b h + 4 s b kv + 2 a s^2 b;
+///  - kGpt, also: GeLU's input and its output, the second matrix's input (2 s b f each), and the dropout: the
+///    scores' mask (a s^2 b), the dropped scores that multiply V (2 a s^2 b), the masks after the attention and
+///    after the MLP (s b h each): 14 s b h + 4 s b kv + 4 s b f + 5 a s^2 b in all. At f = 4h and kv = h that is the
+///    paper's 34 s b h + 5 a s^2 b: its attention's 11 s b h + 5 a s^2 b (q/k/v input 2, Q and K 4, softmax output
+///    2 a s^2 b, its dropout mask a s^2 b, dropout output 2 a s^2 b, V 2, projection input 2, dropout mask 1), its
+///    MLP's 19 s b h (the two matrices' inputs 2 and 8, GeLU's input 8, dropout mask 1) and its LayerNorms' 4 s b h;
+///  - kLlama, also: SwiGLU's four tensors of width f, gate, up, silu(gate) and their product, the down projection's
+///    input (2 s b f each); no dropout, so the softmax's output is what multiplies V: 12 s b h + 4 s b kv +
+///    8 s b f + 2 a s^2 b in all.
+/// Not counted: a norm's per-token statistics (the paper counts none for LayerNorm), rotary's tables of cos and sin
+/// (constants), the residual additions (they save nothing). K and V are counted kv wide, as a kernel that reads
+/// each key/value head for its group of query heads keeps them; code that first repeats them to all a heads saves
+/// them h wide. Without checkpointing every block keeps its own: layers x that. With every block checkpointed
+/// (lesson 4) a block keeps only its input, 2 s b h bytes, and the backward recomputes one block at a time:
+/// layers x 2 s b h + one block. Throws what layer_parameters throws.
 int64_t activation_bytes(const TransformerShape& shape, bool checkpointing);
 // [api_fits_activations]
 
@@ -185,7 +203,7 @@ Fit what_fits(const TransformerShape& shape, Strategy strategy, int gpus, bool c
 /// Step 7: one GPU's peak bytes when it trains `batch` sequences of `shape` per step with lesson 4's `recipe`
 /// (mem::Recipe; shape.micro_batch is not used): model_state_bytes(strategy, gpus) + the activations of one
 /// micro-batch of recipe.micro_batch sequences (0: all `batch` of them), with b = that micro-batch in
-/// activation_bytes' block of 34 s b h + 5 a s^2 b bytes:
+/// activation_bytes' block:
 ///  - S = recipe.segments, as lesson 4's checkpoint_sequential splits the blocks: S near-equal segments, every
 ///    one but the last checkpointed. In the backward the S - 1 checkpointed segments' inputs are kept (2 s b h
 ///    each) and one segment's blocks hold their activations at a time, the largest ceil(layers / S) of them:

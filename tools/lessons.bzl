@@ -262,7 +262,7 @@ LESSONS = [
             "fsdp_test_helpers.h",
             "fsdp_test_problem.h",
         ],
-        given = [],
+        given = ["fsdp_given.cc"],
         extra = [],
         demo = ["demo_parts.h", "demo_step.cc", "demo_ranks.cc", "demo_processes.cc", "demo_what_fits.cc"],
         solution_extra = ["process_test.sh", "cpu_probe.cc"],

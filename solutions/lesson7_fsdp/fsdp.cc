@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -176,92 +177,6 @@ at::Tensor gather_full(dist::Comm& comm, const FlatParam& flat) {
   return full;
 }
 // [gather_full]
-
-// [agree_on_layer]
-namespace {
-
-// What a rank found wrong with its own arguments: it goes into the record, so that every rank throws it.
-enum LayerError : int64_t { kLayerOk = 0, kOtherRank = 1, kShardNotLeaf = 2, kBadParamDtype = 3, kBadReduceDtype = 4 };
-
-// A fingerprint of one layer's parameter shapes (FNV-1a over the dimensions).
-int64_t shapes_fingerprint(const FlatParam& flat) {
-  uint64_t h = 1469598103934665603ull;
-  const auto mix = [&h](int64_t v) { h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
-  for (const auto& shape : flat.shapes) {
-    mix(static_cast<int64_t>(shape.size()));
-    for (const int64_t d : shape) mix(d);
-  }
-  return static_cast<int64_t>(h >> 1);
-}
-
-// A record: {phase (1 forward, 2 backward), flat.rank, flat.world_size, numel, fingerprint, param dtype, reduce
-// dtype, error}.
-std::string layer_call(const std::vector<int64_t>& rec) {
-  return c10::str(rec[0] == 2 ? "the backward" : "the forward", " of a layer of ", rec[3], " elements (shapes #",
-                  rec[4] % 10000, "), gathered in ", static_cast<at::ScalarType>(rec[5]), ", reduced in ",
-                  static_cast<at::ScalarType>(rec[6]));
-}
-
-std::string layer_error(const std::vector<int64_t>& rec, size_t rank, int world_size) {
-  switch (rec[7]) {
-    case kOtherRank:
-      return c10::str("the FlatParam was made for rank ", rec[1], " of ", rec[2], ", but this is rank ", rank, " of ",
-                      world_size);
-    case kShardNotLeaf:
-      return "the layer's shard must be a leaf that requires grad (flatten_and_shard makes it one)";
-    case kBadParamDtype:
-      return c10::str("MixedPrecision: param_dtype must be float32, bfloat16 or float16, got ",
-                      static_cast<at::ScalarType>(rec[5]));
-    default:
-      return c10::str("MixedPrecision: reduce_dtype must be float32 or the param_dtype (",
-                      static_cast<at::ScalarType>(rec[5]), "), got ", static_cast<at::ScalarType>(rec[6]));
-  }
-}
-
-}  // namespace
-
-void agree_on_layer(dist::Comm& comm, const FlatParam& flat, bool backward, at::ScalarType param_dtype,
-                    at::ScalarType reduce_dtype) {
-  // This rank's own findings go into its record, not into a throw of its own: its peers would wait here for it.
-  int64_t error = kLayerOk;
-  if (flat.rank != comm.rank() || flat.world_size != comm.world_size()) {
-    error = kOtherRank;
-  } else if (!backward && !(flat.shard.defined() && flat.shard.is_leaf() && flat.shard.requires_grad())) {
-    error = kShardNotLeaf;
-  } else if (param_dtype != at::kFloat && param_dtype != at::kBFloat16 && param_dtype != at::kHalf) {
-    error = kBadParamDtype;
-  } else if (reduce_dtype != at::kFloat && reduce_dtype != param_dtype) {
-    error = kBadReduceDtype;
-  }
-  const std::vector<int64_t> mine{backward ? 2 : 1,
-                                  flat.rank,
-                                  flat.world_size,
-                                  flat.numel,
-                                  shapes_fingerprint(flat),
-                                  static_cast<int64_t>(param_dtype),
-                                  static_cast<int64_t>(reduce_dtype),
-                                  error};
-  std::vector<std::vector<int64_t>> all;
-  for (const at::Tensor& t : comm.all_gather(at::tensor(mine, at::kLong))) {
-    const at::Tensor c = t.contiguous();
-    all.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-  }
-  for (size_t r = 0; r < all.size(); ++r) {
-    TORCH_CHECK(all[r][7] == kLayerOk, "agree_on_layer: on rank ", r, ": ", layer_error(all[r], r, comm.world_size()));
-  }
-  // The same call everywhere: every slot but the FlatParam's rank (slot 1) is the same on every rank.
-  bool same = true;
-  for (const auto& rec : all) {
-    for (size_t i = 0; i < rec.size(); ++i) same = same && (i == 1 || rec[i] == all[0][i]);
-  }
-  if (same) return;
-  std::string ranks;
-  for (size_t r = 0; r < all.size(); ++r) ranks += c10::str(r ? "; " : "", "rank ", r, ": ", layer_call(all[r]));
-  TORCH_CHECK(false, "agree_on_layer: the ranks disagree on the layer they are about to gather (", ranks,
-              "): every rank must run the same layers in the same order, in the same dtypes, and backpropagate "
-              "through each of them (a layer that one rank's loss skips gets no gradient there)");
-}
-// [agree_on_layer]
 
 // [sharded_forward]
 namespace {
@@ -760,25 +675,31 @@ PendingGather start_gather_as(dist::Comm& comm, const FlatParam& flat, int tag, 
 
 // [sharded_unscale]
 bool sharded_unscale_and_check(dist::Comm& comm, const std::vector<FlatParam>& flats, double scale) {
-  // The one flag every rank all-reduces: 0 clean, 1 an inf or NaN in a shard, 2 + r a bad scale on rank r (the
-  // MAX then names the highest such rank): a rank with a bad scale still joins, so that every rank throws.
+  // What every rank all-reduces (MAX): {flag, scale, -scale}. The flag: 0 clean, 1 an inf or NaN in a shard, 2 + r
+  // a bad scale on rank r (the MAX then names the highest such rank): a rank with a bad scale still joins, so that
+  // every rank throws. The two scale slots give every rank the highest and the lowest scale of the group.
   const bool bad_scale = !(std::isfinite(scale) && scale > 0);
-  at::Tensor flag = at::full({1}, bad_scale ? 2.0f + static_cast<float>(comm.rank()) : 0.0f, at::kFloat);
+  const double none = -std::numeric_limits<double>::infinity();  // a bad scale takes no part in the comparison
+  at::Tensor agreed = at::tensor(std::vector<double>{bad_scale ? 2.0 + comm.rank() : 0.0, bad_scale ? none : scale,
+                                                     bad_scale ? none : -scale},
+                                 at::kDouble);
   if (!bad_scale) {
     at::NoGradGuard no_grad;
     for (const FlatParam& flat : flats) {
       const at::Tensor grad = flat.shard.grad();
       if (!grad.defined()) continue;
       grad.mul_(1.0 / scale);  // only this rank's slice of the gradient: it cannot see the others'
-      if (!at::isfinite(grad).all().item<bool>()) flag.fill_(1.0f);
+      if (!at::isfinite(grad).all().item<bool>()) agreed[0].fill_(1.0);
     }
   }
-  // The agreement: every rank sees the same flag, so every rank skips (or steps, or throws) together.
-  comm.all_reduce(flag, dist::ReduceOp::kMax);
-  const float agreed = flag.item<float>();
-  TORCH_CHECK(agreed < 2, "sharded_unscale_and_check: on rank ", static_cast<int>(agreed) - 2,
+  // The agreement: every rank sees the same three numbers, so every rank skips (or steps, or throws) together.
+  comm.all_reduce(agreed, dist::ReduceOp::kMax);
+  const double flag = agreed[0].item<double>(), high = agreed[1].item<double>(), low = -agreed[2].item<double>();
+  TORCH_CHECK(flag < 2, "sharded_unscale_and_check: on rank ", static_cast<int>(flag) - 2,
               ": scale must be finite and > 0 (every rank passes the scaler's one scale)");
-  return agreed > 0;
+  TORCH_CHECK(high == low, "sharded_unscale_and_check: the ranks passed different scales (from ", low, " to ", high,
+              "): every rank passes the scaler's one scale, and backs it off or grows it alike");
+  return flag > 0;
 }
 // [sharded_unscale]
 
@@ -813,6 +734,87 @@ std::vector<std::vector<int64_t>> decode_shapes(const at::Tensor& t) {
   return out;
 }
 
+// What a rank found wrong with its arguments: it goes into the record, so that every rank throws it.
+enum StateError : int64_t { kStateOk = 0, kStateOtherRank = 1, kStateLists = 2, kStateCount = 3, kStateElements = 4 };
+
+// A record: {layers, state tensors per layer, error, layer, got, want, elements, fingerprint, step}.
+std::string state_error(const std::vector<int64_t>& rec, size_t rank, int world_size) {
+  switch (rec[2]) {
+    case kStateOtherRank:
+      return c10::str("FlatParam ", rec[3], " was made for rank ", rec[4], " of ", rec[5], ", but this is rank ", rank,
+                      " of ", world_size);
+    case kStateLists:
+      return c10::str("one state list per FlatParam: ", rec[5], " FlatParams, ", rec[4], " state lists");
+    case kStateCount:
+      return c10::str("layer ", rec[3], " has ", rec[4], " state tensors, but layer 0 has ", rec[5]);
+    default:
+      return c10::str("a state tensor of layer ", rec[3], " has ", rec[4], " elements, but the shard has ", rec[5]);
+  }
+}
+
+// Before save_sharded writes and before full_state's and full_optim_state's gathers, the ranks agree: each
+// all-gathers a record of 9 int64 (its layers, their elements and a fingerprint of their shapes and world size, its
+// state tensors per layer, the step it saves, and what it found wrong with its arguments), and every rank throws
+// alike. Ranks whose layers differ would otherwise meet in gathers of different sizes (Gloo aborts the process) or
+// of different counts (the timeout), or write files of one checkpoint that do not belong together; and a rank that
+// threw alone would leave its peers in the next collective. `optim_state` is null for full_state, `step` null
+// except for save_sharded.
+void agree_on_state(dist::Comm& comm, const char* op, const std::vector<FlatParam>& flats,
+                    const std::vector<std::vector<at::Tensor>>* optim_state, const int64_t* step = nullptr) {
+  const int64_t k = optim_state && !optim_state->empty() ? static_cast<int64_t>((*optim_state)[0].size()) : 0;
+  std::vector<int64_t> mine{
+      static_cast<int64_t>(flats.size()), k, kStateOk, 0, 0, 0, 0, fingerprint(flats), step ? *step : 0};
+  const auto fail = [&mine](int64_t error, size_t layer, int64_t got, int64_t want) {
+    if (mine[2] != kStateOk) return;
+    mine[2] = error;
+    mine[3] = static_cast<int64_t>(layer);
+    mine[4] = got;
+    mine[5] = want;
+  };
+  if (optim_state && optim_state->size() != flats.size()) {
+    fail(kStateLists, 0, static_cast<int64_t>(optim_state->size()), static_cast<int64_t>(flats.size()));
+  }
+  for (size_t l = 0; l < flats.size(); ++l) {
+    const FlatParam& flat = flats[l];
+    mine[6] += flat.numel;
+    if (flat.rank != comm.rank() || flat.world_size != comm.world_size()) {
+      fail(kStateOtherRank, l, flat.rank, flat.world_size);
+    }
+    if (!optim_state || l >= optim_state->size()) continue;
+    if (static_cast<int64_t>((*optim_state)[l].size()) != k) {
+      fail(kStateCount, l, static_cast<int64_t>((*optim_state)[l].size()), k);
+    }
+    for (const at::Tensor& state : (*optim_state)[l]) {
+      const int64_t size = flat.padded_numel / std::max(flat.world_size, 1);
+      const int64_t got = state.defined() ? state.numel() : 0;
+      if (got != size) fail(kStateElements, l, got, size);
+    }
+  }
+  std::vector<std::vector<int64_t>> all;
+  for (const at::Tensor& t : comm.all_gather(at::tensor(mine, at::kLong))) {
+    const at::Tensor c = t.contiguous();
+    all.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  for (size_t r = 0; r < all.size(); ++r) {
+    TORCH_CHECK(all[r][2] == kStateOk, op, ": on rank ", r, ": ", state_error(all[r], r, comm.world_size()));
+  }
+  std::string ranks;
+  bool same = true;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const auto& rec = all[r];
+    same = same && rec[0] == all[0][0] && rec[1] == all[0][1] && rec[6] == all[0][6] && rec[7] == all[0][7] &&
+           rec[8] == all[0][8];
+    ranks += c10::str(r ? "; " : "", "rank ", r, ": ", rec[0], " layers of ", rec[6], " elements (shapes #",
+                      rec[7] % 10000, ")", optim_state ? c10::str(", ", rec[1], " state tensors each") : "",
+                      step ? c10::str(", step ", rec[8]) : "");
+  }
+  const char* what = step ? "checkpoint they save" : optim_state ? "state they gather" : "layers they gather";
+  TORCH_CHECK(same, op, ": the ranks disagree on the ", what, " (", ranks,
+              "): every rank must pass its shards of the same layers", optim_state ? " and their state" : "",
+              step ? ", at the same step" : "");
+}
+
+
 std::string shapes_text(const std::vector<std::vector<std::vector<int64_t>>>& layers) {
   std::string out;
   for (const auto& layer : layers) {
@@ -827,9 +829,9 @@ std::string shapes_text(const std::vector<std::vector<std::vector<int64_t>>>& la
 
 void save_sharded(dist::Comm& comm, const std::string& dir, const ShardedCheckpoint& ckpt) {
   const int r = comm.rank(), n = comm.world_size();
-  TORCH_CHECK(ckpt.optim_state.size() == ckpt.flats.size(),
-              "save_sharded: one state list per FlatParam: ", ckpt.flats.size(), " FlatParams, ",
-              ckpt.optim_state.size(), " state lists");
+  // Every rank checks its own arguments and the ranks compare what they save before anyone writes: a rank that
+  // threw alone would leave its peers waiting in their next collective, with a checkpoint of missing files.
+  agree_on_state(comm, "save_sharded", ckpt.flats, &ckpt.optim_state, &ckpt.step);
   const size_t k = ckpt.flats.empty() ? 0 : ckpt.optim_state[0].size();
   std::vector<at::Tensor> out{
       at::tensor(std::vector<int64_t>{kCheckpointFormat, n, r, static_cast<int64_t>(ckpt.flats.size()), ckpt.step,
@@ -837,22 +839,28 @@ void save_sharded(dist::Comm& comm, const std::string& dir, const ShardedCheckpo
                  at::kLong)};
   for (size_t l = 0; l < ckpt.flats.size(); ++l) {
     const FlatParam& flat = ckpt.flats[l];
-    TORCH_CHECK(flat.rank == r && flat.world_size == n, "save_sharded: FlatParam ", l, " was made for rank ", flat.rank,
-                " of ", flat.world_size, ", not rank ", r, " of ", n);
-    const int64_t size = flat.padded_numel / n;
-    TORCH_CHECK(ckpt.optim_state[l].size() == k, "save_sharded: layer ", l, " has ", ckpt.optim_state[l].size(),
-                " state tensors, but layer 0 has ", k);
     out.push_back(encode_shapes(flat.shapes));
     out.push_back(at::tensor(std::vector<int64_t>{flat.numel}, at::kLong));
     out.push_back(flat.shard.detach().contiguous());
     for (const at::Tensor& state : ckpt.optim_state[l]) {
-      TORCH_CHECK(state.defined() && state.numel() == size, "save_sharded: a state tensor of layer ", l, " has ",
-                  state.defined() ? state.numel() : 0, " elements, but the shard has ", size);
-      out.push_back(state.detach().to(at::kFloat).contiguous().view({size}));
+      out.push_back(state.detach().to(at::kFloat).contiguous().view({flat.padded_numel / n}));
     }
   }
-  std::filesystem::create_directories(dir);
-  torch::save(out, rank_file(dir, r));
+  // A write that fails (a full disk, a path that is a folder) fails every rank too: the ranks agree on it.
+  std::string failure;
+  try {
+    std::filesystem::create_directories(dir);
+    torch::save(out, rank_file(dir, r));
+  } catch (const c10::Error& e) {
+    failure = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  const std::vector<at::Tensor> written = comm.all_gather(at::full({1}, failure.empty() ? 0 : 1, at::kLong));
+  for (int q = 0; q < n; ++q) {
+    TORCH_CHECK(written[static_cast<size_t>(q)].item<int64_t>() == 0, "save_sharded: on rank ", q, ": could not write ",
+                rank_file(dir, q), q == r ? c10::str(" (", failure.substr(0, 200), ")") : "");
+  }
 }
 // [checkpoint_save]
 
@@ -993,83 +1001,6 @@ ShardedCheckpoint load_sharded(dist::Comm& comm, const std::string& dir,
 // [checkpoint_load]
 
 // [full_state]
-namespace {
-
-// What a rank found wrong with its arguments: it goes into the record, so that every rank throws it.
-enum StateError : int64_t { kStateOk = 0, kStateOtherRank = 1, kStateLists = 2, kStateCount = 3, kStateElements = 4 };
-
-// A record: {layers, state tensors per layer, error, layer, got, want, elements, fingerprint}.
-std::string state_error(const std::vector<int64_t>& rec, size_t rank, int world_size) {
-  switch (rec[2]) {
-    case kStateOtherRank:
-      return c10::str("FlatParam ", rec[3], " was made for rank ", rec[4], " of ", rec[5], ", but this is rank ", rank,
-                      " of ", world_size);
-    case kStateLists:
-      return c10::str("one state list per FlatParam: ", rec[5], " FlatParams, ", rec[4], " state lists");
-    case kStateCount:
-      return c10::str("layer ", rec[3], " has ", rec[4], " state tensors, but layer 0 has ", rec[5]);
-    default:
-      return c10::str("a state tensor of layer ", rec[3], " has ", rec[4], " elements, but the shard has ", rec[5]);
-  }
-}
-
-// Before full_state's and full_optim_state's gathers, the ranks agree: each all-gathers a record of 8 int64 (its
-// layers, their elements and a fingerprint of their shapes and world size, its state tensors per layer, and what
-// it found wrong with its arguments), and every rank throws alike. Ranks whose layers differ would otherwise meet
-// in gathers of different sizes (Gloo aborts the process) or of different counts (the timeout), and a rank that
-// threw alone would leave its peers in the first gather. `optim_state` is null for full_state.
-void agree_on_state(dist::Comm& comm, const char* op, const std::vector<FlatParam>& flats,
-                    const std::vector<std::vector<at::Tensor>>* optim_state) {
-  const int64_t k = optim_state && !optim_state->empty() ? static_cast<int64_t>((*optim_state)[0].size()) : 0;
-  std::vector<int64_t> mine{static_cast<int64_t>(flats.size()), k, kStateOk, 0, 0, 0, 0, fingerprint(flats)};
-  const auto fail = [&mine](int64_t error, size_t layer, int64_t got, int64_t want) {
-    if (mine[2] != kStateOk) return;
-    mine[2] = error;
-    mine[3] = static_cast<int64_t>(layer);
-    mine[4] = got;
-    mine[5] = want;
-  };
-  if (optim_state && optim_state->size() != flats.size()) {
-    fail(kStateLists, 0, static_cast<int64_t>(optim_state->size()), static_cast<int64_t>(flats.size()));
-  }
-  for (size_t l = 0; l < flats.size(); ++l) {
-    const FlatParam& flat = flats[l];
-    mine[6] += flat.numel;
-    if (flat.rank != comm.rank() || flat.world_size != comm.world_size()) {
-      fail(kStateOtherRank, l, flat.rank, flat.world_size);
-    }
-    if (!optim_state || l >= optim_state->size()) continue;
-    if (static_cast<int64_t>((*optim_state)[l].size()) != k) {
-      fail(kStateCount, l, static_cast<int64_t>((*optim_state)[l].size()), k);
-    }
-    for (const at::Tensor& state : (*optim_state)[l]) {
-      const int64_t size = flat.padded_numel / std::max(flat.world_size, 1);
-      const int64_t got = state.defined() ? state.numel() : 0;
-      if (got != size) fail(kStateElements, l, got, size);
-    }
-  }
-  std::vector<std::vector<int64_t>> all;
-  for (const at::Tensor& t : comm.all_gather(at::tensor(mine, at::kLong))) {
-    const at::Tensor c = t.contiguous();
-    all.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-  }
-  for (size_t r = 0; r < all.size(); ++r) {
-    TORCH_CHECK(all[r][2] == kStateOk, op, ": on rank ", r, ": ", state_error(all[r], r, comm.world_size()));
-  }
-  std::string ranks;
-  bool same = true;
-  for (size_t r = 0; r < all.size(); ++r) {
-    const auto& rec = all[r];
-    same = same && rec[0] == all[0][0] && rec[1] == all[0][1] && rec[6] == all[0][6] && rec[7] == all[0][7];
-    ranks += c10::str(r ? "; " : "", "rank ", r, ": ", rec[0], " layers of ", rec[6], " elements (shapes #",
-                      rec[7] % 10000, ")", optim_state ? c10::str(", ", rec[1], " state tensors each") : "");
-  }
-  TORCH_CHECK(same, op, ": the ranks disagree on the ", optim_state ? "state" : "layers", " they gather (", ranks,
-              "): every rank must pass its shards of the same layers", optim_state ? " and their state" : "");
-}
-
-}  // namespace
-
 std::vector<at::Tensor> full_state(dist::Comm& comm, const std::vector<FlatParam>& flats) {
   agree_on_state(comm, "full_state", flats, nullptr);  // a fault on any rank fails every rank, before any gather
   std::vector<at::Tensor> out;

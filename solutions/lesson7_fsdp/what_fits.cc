@@ -13,6 +13,7 @@ namespace {
 void check_positive(int64_t value, const char* what) { TORCH_CHECK(value > 0, what, " must be > 0, got ", value); }
 
 void check_shape(const TransformerShape& s) {
+  TORCH_CHECK(s.family == Family::kGpt || s.family == Family::kLlama, "unknown family ", static_cast<int>(s.family));
   check_positive(s.layers, "layers");
   check_positive(s.hidden, "hidden");
   check_positive(s.heads, "heads");
@@ -99,12 +100,23 @@ StateBytes model_state_bytes(const ParamCount& count, Strategy strategy, int gpu
 // [activation_bytes]
 int64_t activation_bytes(const TransformerShape& s, bool checkpointing) {
   check_shape(s);
-  const int64_t sbh = s.sequence * s.micro_batch * s.hidden;
-  const int64_t block = 34 * sbh + 5 * s.heads * s.sequence * s.sequence * s.micro_batch;
+  const int64_t sb = s.sequence * s.micro_batch;  // tokens
+  const int64_t h = s.hidden;
+  const int64_t kv = s.kv_heads * (h / s.heads);     // the width of K and of V
+  const int64_t scores = s.heads * s.sequence * sb;  // a x s x s x b attention probabilities
+  // Both families, 2 bytes each: the two norms' inputs, the q/k/v projections' input, Q, the output projection's
+  // input and the MLP's (6 tensors h wide), K and V (kv wide), the softmax's output.
+  int64_t block = 2 * (6 * h + 2 * kv) * sb + 2 * scores;
+  if (s.family == Family::kGpt) {
+    block += 2 * 2 * s.ffn * sb;             // GeLU's input and output, ffn wide
+    block += 2 * h * sb + (1 + 2) * scores;  // dropout: 2 masks of 1 byte h wide; the scores' mask, dropped scores
+  } else {
+    block += 4 * 2 * s.ffn * sb;  // SwiGLU, ffn wide: gate, up, silu(gate), their product (no dropout)
+  }
   if (!checkpointing) {
     return s.layers * block;
   }
-  return s.layers * 2 * sbh + block;  // every block's bfloat16 input, and one block recomputed
+  return s.layers * 2 * h * sb + block;  // every block's bfloat16 input, and one block recomputed
 }
 // [activation_bytes]
 
@@ -151,7 +163,7 @@ int64_t recipe_peak_bytes(const TransformerShape& shape, Strategy strategy, int 
               recipe.micro_batch, " for a batch of ", batch);
   TransformerShape micro = shape;
   micro.micro_batch = recipe.micro_batch == 0 ? batch : recipe.micro_batch;
-  const int64_t block = activation_bytes(micro, false) / micro.layers;  // one block's 34 s b h + 5 a s^2 b
+  const int64_t block = activation_bytes(micro, false) / micro.layers;  // one block's activations
   TORCH_CHECK(recipe.segments >= 1 && recipe.segments <= micro.layers, "segments must be in [1, layers]: got ",
               recipe.segments, " for ", micro.layers, " layers");
   const int64_t input = 2 * micro.sequence * micro.micro_batch * micro.hidden;
