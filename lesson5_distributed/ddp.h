@@ -88,7 +88,9 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t 
 /// Step 2. After backward, averages the gradients bucket by bucket: check_gradients_ready first (one all-gather
 /// of 32 bytes: a model that differs across ranks, or a gradient missing on one rank, gives the same error on
 /// every rank, not mismatched buckets or a timeout), then flatten each bucket's gradients into one contiguous buffer, average_ it (one all-reduce per bucket) and
-/// copy the averages back into every .grad. All-reduce calls = buckets.size(); bytes = all gradients' bytes, the
+/// copy the averages back into every .grad: into the same tensors, whatever their layout (transposed,
+/// channels_last), so that whoever holds a .grad sees the average. A bucket that mixes dtypes (make_buckets never
+/// makes one) travels in their promoted dtype. All-reduce calls = buckets.size(); bytes = all gradients' bytes, the
 /// same as average_gradients. Errors: those of check_gradients_ready, a bucket that names a parameter index out
 /// of range.
 void average_gradients_bucketed(dist::Comm& comm, const std::vector<at::Tensor>& params,
@@ -130,7 +132,9 @@ class Reducer {
   /// it (before it is added into .grad). Copies (.grad + grad) / N (or grad / N, when .grad is undefined) into
   /// the parameter's slot of its bucket's buffer: divided BEFORE the sum, as DDP does; when that was the
   /// bucket's last missing gradient and `overlap` is on, launches the all-reduce of every ready bucket in bucket
-  /// order (all ranks must launch the same buckets in the same order). Errors: a second gradient for a parameter
+  /// order (all ranks must launch the same buckets in the same order). Each bucket's buffer has its parameters'
+  /// dtype (make_buckets keeps dtypes apart), so a float64 gradient is averaged in float64 and a 16-bit one
+  /// travels at its own size. Errors: a second gradient for a parameter
   /// before finish() ("finish() was not called"). Step 4: does nothing when this backward does not sync (the
   /// gradient simply accumulates in .grad).
   void grad_ready(size_t index, const at::Tensor& grad);
@@ -138,7 +142,9 @@ class Reducer {
   /// Step 3. After backward: launches the buckets not launched yet (a parameter that got no gradient
   /// contributes zeros, so that every rank makes the same calls), then one all-reduce of the "no gradient" map
   /// (one float per parameter, DDP's local_used_map), waits for all and copies each average into its
-  /// parameters' .grad; resets for the next backward. Errors, on EVERY rank when any rank lacks a gradient:
+  /// parameters' .grad (the same tensor, in its layout: a .grad someone holds sees the average); resets for the
+  /// next backward (every bucket waits for all its gradients again, so the next backward overlaps too, and the
+  /// last forward()'s sync is forgotten). Errors, on EVERY rank when any rank lacks a gradient:
   /// "parameter i got no gradient in this backward on M of N ranks" (unused parameters are not supported); when
   /// an entry of the map is above the world size (kForgottenFinish: a rank that never called its finish() for
   /// this backward, see fail_unfinished): "another rank's finish() was not called"; when this backward did not
@@ -166,7 +172,8 @@ class Reducer {
   /// Step 4. Runs `forward_fn` (the model's forward) and records whether the backward of its output
   /// communicates: sync() as it is NOW, as DDP's forward reads require_backward_grad_sync (leaving NoSync
   /// between this forward and its backward changes nothing). Without forward(), each gradient's hook reads
-  /// sync() as it is then; once you use forward(), use it for every micro-batch. Errors: "finish() was not
+  /// sync() as it is then (also after iterations that used forward(): finish() forgets it); within a window, once
+  /// you use forward(), use it for every micro-batch. Errors: "finish() was not
   /// called" after the previous synced backward.
   at::Tensor forward(const std::function<at::Tensor()>& forward_fn);
 
@@ -218,7 +225,7 @@ class NoSync {
   bool previous_;
 };
 
-/// Step 4. True on every rank when any rank passes true (an all-reduce MAX of one number).
+/// Step 4. True on every rank when any rank passes true, one rank or several (an all-reduce MAX of one number).
 bool all_ranks_found_inf(dist::Comm& comm, bool local_found_inf);
 
 /// Step 4. Lesson 1's scaler whose unscale_ agrees on found_inf across the ranks, as PyTorch's
@@ -232,7 +239,8 @@ bool all_ranks_found_inf(dist::Comm& comm, bool local_found_inf);
 class ShardedGradScaler : public amp::GradScaler {
  public:
   ShardedGradScaler(dist::Comm& comm, amp::GradScalerOptions options = {});
-  /// Step 4. amp::GradScaler::unscale_, then the agreement.
+  /// Step 4. amp::GradScaler::unscale_, then the agreement. Disabled, it does nothing (no collective: a
+  /// pass-through, as PyTorch's; every rank must enable it alike).
   void unscale_(torch::optim::Optimizer& optimizer) override;
   dist::Comm& comm() { return comm_; }
 
@@ -292,8 +300,9 @@ class ZeroOptimizer {
   /// Step 5. Sets every gradient to none (all parameters, not only the owned ones); keeps the empty shard's.
   void zero_grad();
 
-  /// Given (given.cc). The shard of a rank that owns no parameter: a parameter of 0 elements (requires grad, of
-  /// the first parameter's dtype and device) with a gradient of 0 elements, which zero_grad() keeps defined. Its
+  /// Given (given.cc). The shard of a rank that owns no parameter: a parameter of 0 elements (requires grad,
+  /// float32, a dtype lesson 1's unscale_ takes whatever the model's: a frozen float16 layer may come first; on the
+  /// first parameter's device) with a gradient of 0 elements, which zero_grad() keeps defined. Its
   /// optimizer state holds 0 bytes; lesson 1's unscale_ finds one gradient (empty) to unscale, no inf in it.
   /// FSDP's ranks without a real shard hold such zero-sized shards too (sharded_grad_scaler.py).
   at::Tensor empty_shard();

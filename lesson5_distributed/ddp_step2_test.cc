@@ -3,6 +3,7 @@
 // The seeded problems and the helpers that start ranks are in ddp_test_helpers.h.
 #include "lesson5_distributed/ddp_test_helpers.h"
 
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
@@ -59,6 +60,7 @@ TEST_CASE("[step2] bucketed averaging makes one all-reduce per bucket, sends the
     CAPTURE(n);
     auto models = replicas(n);
     std::vector<dist::CommStats> stats(static_cast<size_t>(n));
+    std::vector<std::vector<std::string>> logs(static_cast<size_t>(n));
     std::vector<size_t> buckets(static_cast<size_t>(n));
     dist::run_ranks(launch(n), [&](dist::Comm& comm) {
       auto& model = models[comm.rank()];
@@ -73,6 +75,7 @@ TEST_CASE("[step2] bucketed averaging makes one all-reduce per bucket, sends the
       ddp::average_gradients_bucketed(comm, params, plan);
       sgd.step();
       stats[comm.rank()] = comm.stats();
+      logs[comm.rank()] = comm.log();
     });
     for (int r = 0; r < n; ++r) {
       CAPTURE(r);
@@ -82,11 +85,21 @@ TEST_CASE("[step2] bucketed averaging makes one all-reduce per bucket, sends the
       CHECK(buckets[r] == 3);
       CHECK(stats[r].all_reduce_calls == 3);  // calls = buckets, not parameters (6)
       CHECK(stats[r].all_reduce_bytes == kModelBytes);
+      // The ring napkin from what the counting communicator logged: each all-reduce of B bytes sends 2 (N - 1) / N
+      // x B from each rank, 1936 B per step for N = 2 and 2904 B for N = 4.
+      std::vector<int64_t> logged;
+      double napkin = 0;
+      for (const std::string& entry : logs[r]) {
+        if (entry.rfind("all_reduce ", 0) != 0) continue;
+        logged.push_back(std::stoll(entry.substr(11)));
+        napkin += dist::ring_allreduce_wire_bytes(static_cast<double>(logged.back()), n);
+      }
+      CHECK(logged == std::vector<int64_t>{336, 1024, 576});  // {b3, W3, b2}, {W2}, {b1, W1}
+      CHECK(napkin == (n == 2 ? 1936.0 : 2904.0));
       if (r == 0) {
         MESSAGE("N = " << n << ": 3 buckets (limits 300 B, then 1000 B), " << stats[r].all_reduce_bytes
-                       << " B per step handed to all-reduce, ring napkin "
-                       << dist::ring_allreduce_wire_bytes(static_cast<double>(kModelBytes), n)
-                       << " B sent per rank; rel diff " << rel);
+                       << " B per step handed to all-reduce, ring napkin " << napkin << " B sent per rank; rel diff "
+                       << rel);
       }
     }
   }
@@ -129,6 +142,86 @@ TEST_CASE("[step2] bucketed averaging of models that differ gives the shape erro
     ddp::average_gradients_bucketed(comm, params, ddp::make_buckets(params, 1000, 300));
   });
   check_every_rank_failed_with(outcomes, "parameter shapes differ across ranks");
+}
+
+TEST_CASE("[step2] bucketed averaging keeps each gradient's dtype, layout and tensor (mixed dtypes, strided grads)") {
+  // float32 [3, 4] whose gradient is a transpose (strided), float64 [5], bfloat16 [6], float32 [2, 3, 2, 2]
+  // channels_last. Rank r's gradients are (r + 1) x a pattern; the average is computed in each gradient's own
+  // dtype, so it must equal g0 / 2 + g1 / 2 in that dtype exactly (a float64 value of 0.1 x k is not a float32).
+  auto pattern = [](int64_t i, int r) {
+    const double scale = r + 1;
+    switch (i) {
+      case 0:
+        return (torch::arange(12, torch::kFloat).reshape({4, 3}) * scale).t();
+      case 1:
+        return torch::arange(1, 6, torch::kDouble) * 0.1 * scale;
+      case 2:
+        return torch::arange(6, torch::kBFloat16) * scale;
+      default:
+        return (torch::arange(24, torch::kFloat).reshape({2, 3, 2, 2}) * scale)
+            .contiguous(torch::MemoryFormat::ChannelsLast);
+    }
+  };
+  const std::vector<std::vector<int64_t>> shapes{{3, 4}, {5}, {6}, {2, 3, 2, 2}};
+  const std::vector<torch::Dtype> dtypes{torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kFloat};
+  // 0: make_buckets' plan (one bucket per dtype) without the bfloat16 parameter; 1: with it, which this Gloo
+  // either averages or refuses on every rank; 2: one bucket that mixes all four (it travels as float64).
+  for (int variant : {0, 1, 2}) {
+    CAPTURE(variant);
+    const std::vector<size_t> which = variant == 0 ? std::vector<size_t>{0, 1, 3} : std::vector<size_t>{0, 1, 2, 3};
+    std::vector<std::vector<torch::Tensor>> grads(2);
+    std::vector<std::vector<int>> same_tensor(2), same_strides(2);
+    std::vector<int64_t> bytes(2, -1);
+    const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+      const int r = comm.rank();
+      std::vector<torch::Tensor> params;
+      for (size_t i : which) {
+        params.push_back(torch::zeros(shapes[i], torch::TensorOptions().dtype(dtypes[i])).requires_grad_());
+        params.back().mutable_grad() = pattern(static_cast<int64_t>(i), r);
+      }
+      std::vector<ddp::Bucket> plan = ddp::make_buckets(params, 1 << 20);
+      if (variant == 2) {
+        plan.assign(1, ddp::Bucket());
+        plan[0].params = {0, 1, 2, 3};
+      }
+      std::vector<const void*> before;
+      std::vector<std::vector<int64_t>> strides;
+      for (const auto& p : params) {
+        before.push_back(p.grad().unsafeGetTensorImpl());
+        strides.push_back(p.grad().strides().vec());
+      }
+      comm.reset_stats();
+      ddp::average_gradients_bucketed(comm, params, plan);
+      bytes[r] = comm.stats().all_reduce_bytes;
+      for (size_t k = 0; k < params.size(); ++k) {
+        grads[r].push_back(params[k].grad().clone());
+        same_tensor[r].push_back(params[k].grad().unsafeGetTensorImpl() == before[k] ? 1 : 0);
+        same_strides[r].push_back(params[k].grad().strides().vec() == strides[k] ? 1 : 0);
+      }
+    });
+    if (variant == 1 && !gloo_takes_bfloat16()) {
+      check_every_rank_failed_with(outcomes, "Invalid scalar type");  // LibTorch 1.13's Gloo, on every rank alike
+      continue;
+    }
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      INFO(outcomes[r].error);
+      REQUIRE(outcomes[r].ok);
+      // One bucket per dtype sends each gradient in its own dtype: 48 + 40 (+ 12) + 96 B.
+      if (variant < 2) CHECK(bytes[r] == (variant == 0 ? 184 : 196));
+      for (size_t k = 0; k < which.size(); ++k) {
+        const size_t i = which[k];
+        CAPTURE(i);
+        const torch::Tensor expected =
+            pattern(static_cast<int64_t>(i), 0) / 2 + pattern(static_cast<int64_t>(i), 1) / 2;
+        INFO(grads[r][k]);
+        CHECK((grads[r][k].scalar_type() == dtypes[i]));
+        CHECK(torch::equal(grads[r][k], expected));
+        CHECK(same_tensor[r][k] == 1);   // the same .grad tensor, averaged in place
+        CHECK(same_strides[r][k] == 1);  // its layout kept (transposed, channels_last)
+      }
+    }
+  }
 }
 
 }  // namespace ddp_checks

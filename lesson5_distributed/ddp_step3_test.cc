@@ -448,4 +448,182 @@ TEST_CASE("[step3] the lesson's buckets are the ones DDP rebuilds from the order
   }
 }
 
+TEST_CASE("[step3] the reducer averages float64, float16 and bfloat16 gradients beside float32, each in its dtype") {
+  // One parameter per dtype: make_buckets gives each dtype its own bucket, and each bucket's buffer is of that
+  // dtype, so the bytes handed to all-reduce are the gradients' own (16 + 24 + 4, + 12 for bfloat16) plus the map
+  // (a float per parameter), and the averages equal g0 / 2 + g1 / 2 computed in each dtype (0.1 x k in float64 is
+  // not a float32). bfloat16: averaged where this Gloo takes it, else refused on every rank at construction.
+  const std::vector<torch::Dtype> dtypes{torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16};
+  const std::vector<int64_t> sizes{4, 3, 2, 6};
+  auto coefficient = [&](size_t i, int r) {
+    const auto options = torch::TensorOptions().dtype(dtypes[i]);
+    return i == 1 ? torch::arange(1, 4, options) * 0.1 * (r + 1) : torch::arange(sizes[i], options) * 1.5 * (r + 1);
+  };
+  for (size_t count : {3, 4}) {
+    CAPTURE(count);
+    std::vector<std::vector<torch::Tensor>> grads(2);
+    std::vector<int64_t> bytes(2, -1);
+    std::vector<size_t> buckets(2);
+    const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+      const int r = comm.rank();
+      std::vector<torch::Tensor> params;
+      for (size_t i = 0; i < count; ++i) {
+        params.push_back(torch::zeros({sizes[i]}, torch::TensorOptions().dtype(dtypes[i])).requires_grad_());
+      }
+      ddp::Reducer reducer(comm, params);
+      buckets[r] = reducer.buckets().size();
+      comm.reset_stats();
+      torch::Tensor loss = torch::zeros({}, torch::kDouble);
+      for (size_t i = 0; i < count; ++i) loss = loss + (params[i] * coefficient(i, r)).sum().to(torch::kDouble);
+      loss.backward();  // the gradient of parameter i is coefficient(i, r), in its dtype
+      reducer.finish();
+      bytes[r] = comm.stats().all_reduce_bytes;
+      for (const auto& p : params) grads[r].push_back(p.grad().clone());
+    });
+    if (count == 4 && !gloo_takes_bfloat16()) {
+      check_every_rank_failed_with(outcomes, "Invalid scalar type");  // LibTorch 1.13's Gloo, on every rank alike
+      continue;
+    }
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      INFO(outcomes[r].error);
+      REQUIRE(outcomes[r].ok);
+      CHECK(buckets[r] == count);
+      CHECK(bytes[r] == (count == 3 ? 16 + 24 + 4 + 12 : 16 + 24 + 4 + 12 + 16));
+      for (size_t i = 0; i < count; ++i) {
+        CAPTURE(i);
+        INFO(grads[r][i]);
+        CHECK((grads[r][i].scalar_type() == dtypes[i]));
+        CHECK(torch::equal(grads[r][i], coefficient(i, 0) / 2 + coefficient(i, 1) / 2));
+      }
+    }
+  }
+}
+
+TEST_CASE("[step3] finish() writes the averages into the same .grad tensors, in their layouts, step after step") {
+  // w is channels_last, so autograd keeps its .grad channels_last; t's .grad is set to a transpose before the first
+  // backward, which autograd then accumulates into in place. finish() must copy into those tensors: same
+  // TensorImpl, same memory, same strides, in every step (a user's reference to a .grad sees the average).
+  const int steps = 3;
+  std::vector<std::vector<int>> kept(2);
+  std::vector<std::vector<torch::Tensor>> grads(2);
+  auto input = [](int r, int step, std::vector<int64_t> shape) {
+    int64_t numel = 1;
+    for (int64_t size : shape) numel *= size;
+    return torch::linspace(-1, 1, numel).reshape(shape) * (r + 1 + step);
+  };
+  dist::run_ranks(launch(2), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    const torch::Tensor w = torch::linspace(0.5, 1, 24)
+                                .reshape({2, 3, 2, 2})
+                                .contiguous(torch::MemoryFormat::ChannelsLast)
+                                .requires_grad_();
+    const torch::Tensor t = torch::full({3, 4}, 0.25).requires_grad_();
+    t.mutable_grad() = torch::zeros({4, 3}).t();
+    ddp::Reducer reducer(comm, {w, t});
+    for (int step = 0; step < steps; ++step) {
+      for (const auto& p : {w, t}) {
+        if (p.grad().defined()) p.mutable_grad().zero_();  // as 1.13's zero_grad(), on both stacks
+      }
+      ((w * input(r, step, {2, 3, 2, 2})).sum() + (t * input(r, step, {3, 4})).sum()).backward();
+      const std::vector<const void*> impls{w.grad().unsafeGetTensorImpl(), t.grad().unsafeGetTensorImpl()};
+      const std::vector<const void*> data{w.grad().data_ptr(), t.grad().data_ptr()};
+      reducer.finish();
+      kept[r].push_back(w.grad().unsafeGetTensorImpl() == impls[0] && w.grad().data_ptr() == data[0] &&
+                                w.grad().is_contiguous(torch::MemoryFormat::ChannelsLast) &&
+                                t.grad().unsafeGetTensorImpl() == impls[1] && t.grad().data_ptr() == data[1] &&
+                                t.grad().stride(0) == 1
+                            ? 1
+                            : 0);
+      grads[r].push_back(w.grad().clone());
+      grads[r].push_back(t.grad().clone());
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(kept[r] == std::vector<int>(steps, 1));
+    for (int step = 0; step < steps; ++step) {
+      CAPTURE(step);
+      CHECK(torch::allclose(grads[r][2 * step], (input(0, step, {2, 3, 2, 2}) + input(1, step, {2, 3, 2, 2})) / 2));
+      CHECK(torch::allclose(grads[r][2 * step + 1], (input(0, step, {3, 4}) + input(1, step, {3, 4})) / 2));
+    }
+  }
+}
+
+TEST_CASE("[step3] overlap goes on after the first step: every bucket starts inside backward in steps 1, 2 and 3") {
+  // a and b of the out-of-order case above, one bucket each; the loss swaps which one is ready first on each rank
+  // and in each step. The counting communicator's log tells which all-reduces started before finish(): both
+  // buckets, in every step (a reducer that stopped overlapping after step 1 would still average right).
+  auto loss_of = [](const torch::Tensor& a, const torch::Tensor& b, int form) {
+    const torch::Tensor x = torch::linspace(0.1, 0.4, 4) * (form + 1);
+    return form == 0 ? (b * (a * x).tanh()).sum() : (a * (b * x).tanh()).sum();
+  };
+  auto leaves = [] {
+    return std::vector<torch::Tensor>{torch::full({4}, 0.5).requires_grad_(), torch::full({4}, -0.3).requires_grad_()};
+  };
+  const int steps = 3;
+  std::vector<std::vector<int64_t>> in_backward(2);
+  std::vector<int64_t> launched(2, -1);
+  std::vector<std::vector<torch::Tensor>> averaged(2);
+  dist::run_ranks(launch(2), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    auto ab = leaves();
+    ddp::ReducerOptions options;
+    options.bucket_bytes = 16;
+    options.first_bucket_bytes = 16;
+    ddp::Reducer reducer(comm, ab, options);
+    for (int step = 0; step < steps; ++step) {
+      for (auto& p : ab) p.mutable_grad() = torch::Tensor();
+      comm.reset_stats();
+      loss_of(ab[0], ab[1], (r + step) % 2).backward();
+      int64_t started = 0;
+      for (const std::string& entry : comm.log()) started += entry.rfind("all_reduce", 0) == 0 ? 1 : 0;
+      in_backward[r].push_back(started);
+      reducer.finish();
+      averaged[r].push_back(ab[0].grad().clone());
+      averaged[r].push_back(ab[1].grad().clone());
+    }
+    launched[r] = reducer.launched_in_backward();
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(in_backward[r] == std::vector<int64_t>(steps, 2));
+    CHECK(launched[r] == 2 * steps);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<torch::Tensor> sum(2);
+      for (int rank = 0; rank < 2; ++rank) {
+        auto ab = leaves();
+        loss_of(ab[0], ab[1], (rank + step) % 2).backward();
+        for (size_t i = 0; i < 2; ++i) sum[i] = sum[i].defined() ? sum[i] + ab[i].grad() : ab[i].grad();
+      }
+      for (size_t i = 0; i < 2; ++i) {
+        CAPTURE(step);
+        CAPTURE(i);
+        CHECK(torch::allclose(averaged[r][2 * step + i], sum[i] / 2, 1e-6, 1e-7));
+      }
+    }
+  }
+}
+
+TEST_CASE("[step3] a rank with nothing trainable: a named error on every rank at construction, not a timeout") {
+  // Frozen on rank 1 only: its kept list is empty, unlike rank 0's, which the agreement names. Frozen everywhere:
+  // the lists agree, and every rank refuses a reducer with nothing to reduce.
+  for (bool everywhere : {false, true}) {
+    CAPTURE(everywhere);
+    auto models = replicas(2);
+    check_fails_on_every_rank(
+        2,
+        [&](dist::Comm& comm) {
+          const int r = comm.rank();
+          const auto params = models[r]->parameters();
+          if (everywhere || r == 1) {
+            for (const auto& p : params) p.requires_grad_(false);
+          }
+          ddp::Reducer reducer(comm, params);
+        },
+        everywhere ? "no parameter requires grad"
+                   : "rank 0 has 6 parameters with 484 elements, rank 1 has 0 parameters");
+  }
+}
+
 }  // namespace ddp_checks

@@ -256,4 +256,120 @@ TEST_CASE("[step4] ShardedGradScaler: an unscale_ that fails on one rank fails o
   }
 }
 
+TEST_CASE("[step4] a backward without forward() after iterations with it reads sync() at backward time again") {
+  // Iteration 1 through train_step (Reducer::forward); iteration 2 calls the model directly, so each hook reads
+  // sync() as it is during backward: the first micro-batch's backward inside NoSync stays local, the second one
+  // carries the window's sum. finish() must have forgotten iteration 1's forward. Equal to 2 full-batch steps.
+  const Data data(16);
+  const std::vector<torch::Tensor> reference = full_batch_sgd(data, 2);
+  auto models = replicas(2);
+  std::vector<int64_t> quiet_calls(2, -1);
+  const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    auto& model = models[r];
+    ddp::Reducer reducer(comm, model->parameters());
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    const auto micro = accum::split_batch(ddp::shard(data.x, r, 2), ddp::shard(data.y, r, 2), 4);  // 2 of 4 items
+    const accum::LossFn loss_fn = [&](const accum::MicroBatch& mb) {
+      return torch::mse_loss(model->forward(mb.input), mb.target);
+    };
+    ddp::train_step(reducer, sgd, micro, loss_fn);
+    sgd.zero_grad();
+    {
+      ddp::NoSync quiet(reducer);
+      comm.reset_stats();
+      loss_fn(micro[0]).mul(0.5).backward();
+      quiet_calls[r] = comm.stats().all_reduce_calls;
+    }
+    loss_fn(micro[1]).mul(0.5).backward();
+    reducer.finish();
+    sgd.step();
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    INFO(outcomes[r].error);
+    REQUIRE(outcomes[r].ok);
+    CHECK(quiet_calls[r] == 0);
+    const double rel = rel_error(values_of(models[r]->parameters()), reference);
+    CAPTURE(rel);
+    CHECK(rel <= 1e-6);
+  }
+}
+
+TEST_CASE("[step4] two or more ranks finding an inf: every rank skips once, whatever how many found one") {
+  std::vector<int> with_two(4, -1), with_all(4, -1);
+  dist::run_ranks(launch(4), [&](dist::Comm& comm) {
+    with_two[comm.rank()] = ddp::all_ranks_found_inf(comm, comm.rank() == 1 || comm.rank() == 2) ? 1 : 0;
+    with_all[comm.rank()] = ddp::all_ranks_found_inf(comm, true) ? 1 : 0;
+  });
+  CHECK(with_two == std::vector<int>{1, 1, 1, 1});
+  CHECK(with_all == std::vector<int>{1, 1, 1, 1});
+  // The sharded scaler on 3 ranks, an inf in ranks 0's and 2's gradients: every rank skips, the scale backs off once.
+  const int n = 3;
+  std::vector<int> stepped(n, -1);
+  std::vector<double> scales(n, 0);
+  std::vector<torch::Tensor> after(n);
+  dist::run_ranks(launch(n), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    torch::Tensor p = torch::zeros({4}, torch::requires_grad());
+    torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1));
+    amp::GradScalerOptions options;
+    options.init_scale = 1024;
+    ddp::ShardedGradScaler scaler(comm, options);
+    scaler.scale(p.sum()).backward();
+    if (r != 1) {
+      torch::NoGradGuard no_grad;
+      p.grad()[r] = std::numeric_limits<float>::infinity();
+    }
+    stepped[r] = scaler.step(sgd) ? 1 : 0;
+    scaler.update();
+    scales[r] = scaler.get_scale();
+    after[r] = p.detach().clone();
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(stepped[r] == 0);
+    CHECK(scales[r] == 512.0);
+    CHECK(torch::equal(after[r], torch::zeros({4})));
+  }
+}
+
+TEST_CASE("[step4] a disabled ShardedGradScaler is a pass-through: no agreement, no scaling, every step runs") {
+  // As PyTorch's: scale() returns the loss itself, unscale_ does nothing (no collective), step() steps, update()
+  // does nothing, the scale reads 1.
+  std::vector<int> same_loss(2, -1), stepped(2, -1);
+  std::vector<int64_t> calls(2, -1);
+  std::vector<double> scales(2, 0);
+  std::vector<torch::Tensor> after(2);
+  const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    torch::Tensor p = torch::zeros({4}, torch::requires_grad());
+    torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1));
+    amp::GradScalerOptions options;
+    options.enabled = false;
+    ddp::ShardedGradScaler scaler(comm, options);
+    const torch::Tensor loss = (p * (r + 1)).sum();
+    const torch::Tensor scaled = scaler.scale(loss);
+    same_loss[r] = scaled.unsafeGetTensorImpl() == loss.unsafeGetTensorImpl() ? 1 : 0;
+    scaled.backward();
+    comm.reset_stats();
+    scaler.unscale_(sgd);  // explicit, as before clipping
+    stepped[r] = scaler.step(sgd) ? 1 : 0;
+    scaler.update();
+    calls[r] = comm.stats().calls;
+    scales[r] = scaler.get_scale();
+    after[r] = p.detach().clone();
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    INFO(outcomes[r].error);
+    REQUIRE(outcomes[r].ok);
+    CHECK(same_loss[r] == 1);
+    CHECK(stepped[r] == 1);
+    CHECK(calls[r] == 0);
+    CHECK(scales[r] == 1.0);
+    CHECK(torch::allclose(after[r], torch::full({4}, -0.1 * (r + 1))));
+  }
+}
+
 }  // namespace ddp_checks

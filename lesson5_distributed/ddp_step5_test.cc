@@ -438,4 +438,88 @@ TEST_CASE("[step5] ZeRO with models that differ gives the shape error on every r
   check_every_rank_failed_with(outcomes, "parameter shapes differ across ranks");
 }
 
+TEST_CASE("[step5] ZeRO over mixed dtypes with the sharded scaler: a frozen float16 layer beside float32, float64") {
+  // e (float16, 64, frozen), w (float32, 16), v (float64, 8) on 2 ranks: rank 0 owns only the frozen e, rank 1
+  // the two others. Rank 0's zero-sized shard must be one lesson 1's unscale_ accepts (not float16), so that it
+  // joins the agreement with 0: an inf in rank 1's w skips the step everywhere, and the next, clean step updates
+  // w and v in their own dtypes exactly as one SGD step on the unscaled gradients, and broadcasts them.
+  const std::vector<torch::Dtype> dtypes{torch::kHalf, torch::kFloat, torch::kDouble};
+  const std::vector<int64_t> sizes{64, 16, 8};
+  auto initial = [&](size_t i) {
+    return torch::linspace(-1, 1, sizes[i], torch::TensorOptions().dtype(dtypes[i])).requires_grad_(i > 0);
+  };
+  auto gradient = [&](size_t i) {  // small integers: exact in every dtype, also times 1024 or 512
+    return torch::arange(sizes[i], torch::TensorOptions().dtype(dtypes[i])).remainder(4).add(1);
+  };
+  std::vector<torch::Tensor> expected;
+  {
+    std::vector<torch::Tensor> trainable;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      expected.push_back(initial(i));
+      if (i > 0) expected.back().mutable_grad() = gradient(i), trainable.push_back(expected.back());
+    }
+    torch::optim::SGD(trainable, torch::optim::SGDOptions(0.1)).step();
+  }
+  std::vector<int> stepped_inf(2, -1), stepped_clean(2, -1);
+  std::vector<std::vector<int>> owners(2);
+  std::vector<std::vector<torch::Tensor>> before(2), after_inf(2), after_clean(2);
+  const auto outcomes = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+    const int r = comm.rank();
+    std::vector<torch::Tensor> params;
+    for (size_t i = 0; i < sizes.size(); ++i) params.push_back(initial(i));
+    ddp::ZeroOptimizer zero(comm, params, [](std::vector<torch::Tensor> mine) {
+      return std::make_unique<torch::optim::SGD>(mine, torch::optim::SGDOptions(0.1));
+    });
+    owners[r] = zero.owners();
+    amp::GradScalerOptions options;
+    options.init_scale = 1024;
+    ddp::ShardedGradScaler scaler(comm, options);
+    scaler.scale(torch::ones({1}));  // makes the scale; the gradients below stand for the averaged, scaled ones
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      zero.zero_grad();
+      for (size_t i = 1; i < params.size(); ++i) params[i].mutable_grad() = gradient(i) * scaler.get_scale();
+      if (iteration == 0 && r == 1) params[1].grad()[0] = std::numeric_limits<float>::infinity();
+      if (iteration == 0) before[r] = values_of(params);
+      const bool ran = zero.step(scaler);
+      scaler.update();
+      (iteration == 0 ? stepped_inf : stepped_clean)[r] = ran ? 1 : 0;
+      (iteration == 0 ? after_inf : after_clean)[r] = values_of(params);
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    INFO(outcomes[r].error);
+    REQUIRE(outcomes[r].ok);
+    CHECK(owners[r] == std::vector<int>{0, 1, 1});
+    CHECK(stepped_inf[r] == 0);
+    CHECK(stepped_clean[r] == 1);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      CAPTURE(i);
+      INFO(after_clean[r][i]);
+      CHECK(torch::equal(after_inf[r][i].to(torch::kDouble), before[r][i].to(torch::kDouble)));
+      CHECK((after_clean[r][i].scalar_type() == dtypes[i]));
+      CHECK(torch::equal(after_clean[r][i].to(torch::kDouble), expected[i].detach().to(torch::kDouble)));
+    }
+  }
+  // A float16 parameter that requires grad: lesson 1's unscale_ refuses float16 gradients on its owner (rank 0),
+  // and every other rank names that failure, at once.
+  const auto refused = dist::run_ranks_collect(launch(2, 5000), [&](dist::Comm& comm) {
+    std::vector<torch::Tensor> params{initial(0).requires_grad_(), initial(1)};
+    ddp::ZeroOptimizer zero(comm, params, [](std::vector<torch::Tensor> mine) {
+      return std::make_unique<torch::optim::SGD>(mine, torch::optim::SGDOptions(0.1));
+    });
+    ddp::ShardedGradScaler scaler(comm);
+    scaler.scale(torch::ones({1}));
+    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = gradient(i);
+    zero.step(scaler);
+  });
+  for (size_t r = 0; r < refused.size(); ++r) {
+    CAPTURE(r);
+    INFO(refused[r].error);
+    CHECK_FALSE(refused[r].ok);
+    CHECK(refused[r].error.find(r == 0 ? "float16" : "another rank's unscale_ failed") != std::string::npos);
+    CHECK(refused[r].error.find("timed out") == std::string::npos);
+  }
+}
+
 }  // namespace ddp_checks

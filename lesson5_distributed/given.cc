@@ -55,7 +55,8 @@ void Reducer::fail_not_synced() {
 
 at::Tensor ZeroOptimizer::empty_shard() {
   at::NoGradGuard no_grad;
-  empty_shard_ = at::zeros({0}, params_.front().options()).requires_grad_(true);
+  // float32 whatever the model (a frozen float16 layer may come first): lesson 1's unscale_ refuses float16.
+  empty_shard_ = at::zeros({0}, params_.front().options().dtype(at::kFloat)).requires_grad_(true);
   empty_shard_.mutable_grad() = at::zeros({0}, empty_shard_.options());
   return empty_shard_;
 }
