@@ -23,48 +23,30 @@
 #include "common/device.h"
 #include "common/memory_meter.h"
 #include "common/report.h"
+#include "lesson6_fusion/demo_parts.h"
 #include "lesson6_fusion/fused_adamw.h"
 
 namespace {
 
+using l6demo::Variant;
 constexpr double kMiB = 1024.0 * 1024.0;
-
-struct Variant {
-  Variant(std::string name_, int64_t passes_, int64_t napkin_bytes_, std::function<void()> step_, bool is_copy_ = false)
-      : name(std::move(name_)),
-        passes(passes_),
-        napkin_bytes(napkin_bytes_),
-        step(std::move(step_)),
-        is_copy(is_copy_) {}
-  std::string name;
-  int64_t passes;
-  int64_t napkin_bytes;         // bytes read + written by the napkin of step 1
-  std::function<void()> step;   // one step (or one copy)
-  std::vector<double> samples;  // milliseconds, over all rounds
-  int64_t allocated_bytes = 0;  // peak bytes one call allocates (counting CPU allocator)
-  bool is_copy = false;
-};
 
 double gbps(int64_t bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
 
 double fastest_ms(const Variant& v) { return *std::min_element(v.samples.begin(), v.samples.end()); }
 
-// Warm-up excluded: `rounds` rounds of `repeats` timed calls of every variant in turn, interleaved.
-void time_rounds(std::vector<Variant>& variants, c10::Device device, int rounds, int repeats) {
-  for (int r = 0; r < rounds; ++r) {
-    for (Variant& v : variants) {
-      const workshop::Timing t = workshop::time_repeated(device, v.step, 0, repeats);
-      v.samples.insert(v.samples.end(), t.samples_ms.begin(), t.samples_ms.end());
-    }
-  }
+const Variant& variant_named(const std::vector<Variant>& variants, const std::string& name) {
+  const auto it = std::find_if(variants.begin(), variants.end(), [&](const Variant& v) { return v.name == name; });
+  TORCH_CHECK(it != variants.end(), "lesson 6 demo: no variant named ", name);
+  return *it;
 }
 
 double median_of(const std::vector<Variant>& variants, const std::string& name) {
-  for (const Variant& v : variants) {
-    if (v.name == name) return workshop::median(v.samples);
-  }
-  TORCH_CHECK(false, "lesson 6 demo: no variant named ", name);
-  return 0;
+  return workshop::median(variant_named(variants, name).samples);
+}
+
+double faults_of(const std::vector<Variant>& variants, const std::string& name) {
+  return variant_named(variants, name).faults;
 }
 
 // On a CPU whose fused loop runs the AVX2 copy (fusion::cpu_isa()): the two fused steps again on the baseline
@@ -100,7 +82,7 @@ void report_single(const std::vector<Variant>& variants, int64_t n, int64_t copy
   }
   const double torch_ms = median_of(variants, "torch::optim::AdamW");
   workshop::Table table("lesson6_fusion", {"variant", "passes", "napkin MiB", "median ms", "min ms", "GB/s",
-                                           "of copy ceiling", "allocated MiB", "vs torch AdamW"});
+                                           "of copy ceiling", "allocated MiB", "vs torch AdamW", "faults per call"});
   for (const Variant& v : variants) {
     const double ms = workshop::median(v.samples);
     const double rate = gbps(v.napkin_bytes, ms);
@@ -110,8 +92,8 @@ void report_single(const std::vector<Variant>& variants, int64_t n, int64_t copy
     const std::string of_ceiling = fraction > 100.0 ? "suspect" : workshop::fixed(fraction, 0) + "%";
     table.add({v.name, std::to_string(v.passes), workshop::fixed(v.napkin_bytes / kMiB, 0), workshop::fixed(ms, 2),
                workshop::fixed(fastest_ms(v), 2), workshop::fixed(rate, 2), of_ceiling,
-               workshop::fixed(v.allocated_bytes / kMiB, 1),
-               v.is_copy ? "-" : workshop::fixed(torch_ms / ms, 2) + "x"});
+               workshop::fixed(v.allocated_bytes / kMiB, 1), v.is_copy ? "-" : workshop::fixed(torch_ms / ms, 2) + "x",
+               workshop::fixed(v.faults, 0)});
   }
   table.emit(csv_dir);
   std::cout << "napkin MiB: bytes read + written if every op streams its operands from memory once (step 1); GB/s "
@@ -122,6 +104,8 @@ void report_single(const std::vector<Variant>& variants, int64_t n, int64_t copy
                "'suspect' where the median beats it (the napkin then over-counts, e.g. tensors in cache).\n"
             << "allocated: peak bytes one call allocates (the device's counting allocator): the unfused step's two "
                "temporaries.\n";
+  l6demo::print_page_costs(faults_of(variants, "torch::optim::AdamW"), torch_ms,
+                           faults_of(variants, "fused op (float32)"));
 
   // The lesson page's goals ("Measured"), each with this run's figure: a kernel can pass every check and still
   // be slow (one that loads and stores every vector with the counted loadu/store runs at half the speed).
@@ -173,20 +157,21 @@ void many_parameters(const workshop::Demo& demo, int64_t n, const fusion::AdamWH
                   }});
   many.push_back({"torch::optim::AdamW", count * unfused.passes, unfused.total(), [&] { optimizer_many.step(); }});
   for (Variant& v : many) v.step();
-  time_rounds(many, demo.device, rounds, repeats);
+  l6demo::time_rounds(many, demo.device, rounds, repeats);
   const double many_torch_ms = workshop::median(many.back().samples);
   std::cout << "\nMany parameters: " << count << " tensors of " << small << " float32 elements ("
             << workshop::mib(4.0 * count * small) << " per list)\n";
   workshop::Table many_table("lesson6_many", {"variant", "calls per step", "median ms", "min ms", "GB/s (fused napkin)",
-                                              "vs torch AdamW"});
+                                              "vs torch AdamW", "faults per call"});
   for (const Variant& v : many) {
     const double ms = workshop::median(v.samples);
     many_table.add({v.name, std::to_string(v.passes), workshop::fixed(ms, 2), workshop::fixed(fastest_ms(v), 2),
-                    workshop::fixed(gbps(many_bytes, ms), 2), workshop::fixed(many_torch_ms / ms, 2) + "x"});
+                    workshop::fixed(gbps(many_bytes, ms), 2), workshop::fixed(many_torch_ms / ms, 2) + "x",
+                    workshop::fixed(v.faults, 0)});
   }
   many_table.emit(demo.csv_dir);
   std::cout << "calls per step: operator calls (torch::optim::AdamW: tensor ops). GB/s: the fused step's napkin bytes "
-               "/ median time, for every row.\n";
+               "/ median time, for every row. faults per call: as above.\n";
 }
 
 int run(const workshop::Demo& demo) {
@@ -271,7 +256,7 @@ int run(const workshop::Demo& demo) {
     v.step();
     v.allocated_bytes = meter.peak_bytes();
   }
-  time_rounds(variants, device, rounds, repeats);
+  l6demo::time_rounds(variants, device, rounds, repeats);
   report_single(variants, n, copy_bytes, csv_dir);
   const double torch_ms = median_of(variants, "torch::optim::AdamW");
   const double fused_ms = median_of(variants, "fused op (float32)");

@@ -229,6 +229,7 @@ LESSONS = [
         ],
         given = ["given.cc", "given_cuda.cc", "kernel_copts.bzl"],
         extra = [],
+        demo = ["demo_parts.h", "demo_pages.cc"],
         solution_extra = [],
         bench = "bench_case.cc",
         mutants = "mutants.py",
