@@ -1,6 +1,8 @@
 // Lesson 6 demo: one AdamW step over a 64 MiB float32 parameter (16M floats) three ways: the fused operator
 // workshop::fused_adamw_ (through the dispatcher), the same step one ATen op at a time, and torch::optim::AdamW;
-// beside them, a memory copy of the same bytes as the ceiling. Napkin bytes, GB/s and the fraction of the ceiling.
+// beside them, a memory copy of the same bytes as the ceiling. Napkin bytes, GB/s and the fraction of the ceiling,
+// and the page faults each call takes (demo_pages.cc: why torch::optim::AdamW's step is 8x the fused one here and
+// over 40x there).
 //   bazel run //lesson6_fusion:demo -- --quick            (4 MiB per tensor, a few seconds)
 //   bazel run //lesson6_fusion:demo                        (64 MiB per tensor)
 //   bazel run //lesson6_fusion:demo -- --csv_dir=/tmp/l6   (also writes the table as CSV)
