@@ -107,7 +107,7 @@ void report_single(const std::vector<Variant>& variants, int64_t n, int64_t copy
             << "allocated: peak bytes one call allocates (the device's counting allocator): the unfused step's two "
                "temporaries.\n";
   l6demo::print_page_costs(faults_of(variants, "torch::optim::AdamW"), torch_ms,
-                           faults_of(variants, "fused op (float32)"));
+                           faults_of(variants, "fused op (float32)"), 4 * n);
 
   // The lesson page's goals ("Measured"), each with this run's figure: a kernel can pass every check and still
   // be slow (one that loads and stores every vector with the counted loadu/store runs at half the speed).
@@ -281,7 +281,7 @@ int main(int argc, char** argv) {
       argc, argv,
       workshop::DemoOptions("Lesson 6 demo: one AdamW step three ways (the fused operator, one ATen op at a time, "
                             "torch::optim::AdamW) beside a copy of the same bytes: napkin bytes, GB/s, the fraction "
-                            "of the ceiling.")
+                            "of the ceiling, the page faults per call.")
           .device("cpu")
           .device_help("cpu (default), cuda or best (cuda: step 6's kernels, built where nvcc was found)")
           .flags({{"numel", "elements per tensor (default 16777216 = 64 MiB of float32; quick 1M)"},

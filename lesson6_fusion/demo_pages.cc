@@ -63,12 +63,14 @@ FreshPages fresh_page_cost(int64_t bytes, int repeats) {
   return best;
 }
 
-void print_page_costs(double torch_faults, double torch_ms, double fused_faults) {
+void print_page_costs(double torch_faults, double torch_ms, double fused_faults, int64_t temporary_bytes) {
   const FreshPages fresh = fresh_page_cost(int64_t{64} << 20, 3);
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   std::cout << "faults per call: the process's minor page faults (getrusage) over a row's timed calls. "
-               "torch::optim::AdamW allocates two 64 MiB temporaries in every call; glibc maps an allocation above its "
-               "mmap threshold (32 MiB at most) with fresh pages and unmaps it when freed, so the call takes "
+               "torch::optim::AdamW allocates two temporaries of "
+            << workshop::mib(static_cast<double>(temporary_bytes))
+            << " in every call, and glibc gives memory that large back to the kernel when it is freed (a block above "
+               "its mmap threshold, 32 MiB at most, is a fresh mapping every time), so the call takes "
             << workshop::fixed(torch_faults, 0) << " faults (the fused op " << workshop::fixed(fused_faults, 0)
             << ").\nfresh pages here: " << workshop::fixed(fresh.us_per_fault, 2)
             << " us per fault (64 MiB mapped, one byte written per 4 KiB page, unmapped; fastest of 3; "

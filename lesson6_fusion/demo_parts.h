@@ -54,8 +54,9 @@ struct FreshPages {
 };
 FreshPages fresh_page_cost(int64_t bytes, int repeats);
 
-/// The lines under the single-tensor table: the faults per call of torch::optim::AdamW and of the fused step, this
-/// machine's cost of a fault, what share of torch's median those faults explain, THP and GLIBC_TUNABLES.
-void print_page_costs(double torch_faults, double torch_ms, double fused_faults);
+/// The lines under the single-tensor table: the faults per call of torch::optim::AdamW (whose two temporaries are
+/// `temporary_bytes` each) and of the fused step, this machine's cost of a fault, what share of torch's median
+/// those faults explain, THP and GLIBC_TUNABLES.
+void print_page_costs(double torch_faults, double torch_ms, double fused_faults, int64_t temporary_bytes);
 
 }  // namespace l6demo
