@@ -60,9 +60,9 @@ lessons = manifest.load(os.path.join(ROOT, "tools", "lessons.bzl"))
 page1 = os.path.join(lessons[0].dir, "README.md")
 SECTION = "\n\n## Planted {#planted}\n\n"
 DEFECTS = [
-    ("a sourced figure that drifted from its results file (17.38 ms typed as 17.83 ms)",
-     lambda w: edit_where(w, "step took 17.38 ms", "step took 17.83 ms"),
-     '"17.83 ms" is not in docs/results/bench/bench_cpu.md'),
+    ("a sourced figure that drifted from its results file (23.72 ms typed as 23.27 ms)",
+     lambda w: edit_where(w, "step took 23.72 ms", "step took 23.27 ms"),
+     '"23.27 ms" is not in docs/results/bench/bench_cpu.md'),
     ("a sourced figure without a unit that drifted (a table cell, 232.74 typed as 232.47)",
      lambda w: edit_where(w, "232.74", "232.47"),
      '"232.47" is not in docs/results/bench/lesson5_demo_cpu.md'),
@@ -86,8 +86,8 @@ DEFECTS = [
      '"95 s" is a measured figure with no results file named for it'),
     ("a marker's scope ends at the next heading",
      lambda w: append(os.path.join(w, page1), SECTION + "<!-- figures: docs/results/bench/bench_cpu.md -->\n"
-                      "It took 55.62 ms.\n\n## Next {#next}\n\nIt took 55.62 ms.\n"),
-     '"55.62 ms" is a measured figure with no results file named for it'),
+                      "It took 68.93 ms.\n\n## Next {#next}\n\nIt took 68.93 ms.\n"),
+     '"68.93 ms" is a measured figure with no results file named for it'),
 ]
 
 ALLOWED = [
@@ -97,7 +97,7 @@ ALLOWED = [
     ("a rule or a goal", SECTION + "The check asks at least 3× and a goal of 70 % within 1.5 s.\n"),
     ("figures in inline code", SECTION + "Run it with `--budget=4 ms` and read `timed out after 1500 ms`.\n"),
     ("a sourced figure that is in the file (rounded to the page's precision)",
-     SECTION + "<!-- figures: docs/results/bench/bench_cpu.md -->\nThe float32 step took 55.6 ms, 88.3% of the "
+     SECTION + "<!-- figures: docs/results/bench/bench_cpu.md -->\nThe float32 step took 68.9 ms, 94.9% of the "
      "ceiling.\n"),
 ]
 
