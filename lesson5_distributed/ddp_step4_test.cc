@@ -3,6 +3,7 @@
 // The seeded problems and the helpers that start ranks are in ddp_test_helpers.h.
 #include "lesson5_distributed/ddp_test_helpers.h"
 
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -199,13 +200,23 @@ TEST_CASE("[step4] no_sync is decided when the forward runs, as in DDP") {
   }
 }
 
-TEST_CASE(
-    "[step4] ShardedGradScaler agrees on found_inf inside unscale_: an inf on one rank skips the step on every rank") {
-  const int n = 3;
-  std::vector<int> finite_after_unscale(n, -1), stepped(n, -1);
-  std::vector<double> scales(n, 0);
-  std::vector<torch::Tensor> after(n);
-  std::vector<dist::CommStats> stats(n);
+namespace {
+
+// One step of lesson 5's ShardedGradScaler (init scale 1024) with SGD on `n` ranks: each rank's parameter is 4
+// zeros and its scaled gradient 1024 everywhere, then `spoil(r, grad)` plants this rank's infs (under no_grad).
+// With `explicit_unscale`, unscale_ is called before step(), as before clipping. Per rank: whether the gradient
+// was finite after the unscale (-1 without `explicit_unscale`), whether it stepped, the scale after update(), the
+// parameter after the step, and the communicator's counters from the unscale on.
+struct ShardedStep {
+  std::vector<int> finite_after_unscale, stepped;
+  std::vector<double> scales;
+  std::vector<torch::Tensor> after;
+  std::vector<dist::CommStats> stats;
+};
+
+ShardedStep sharded_step(int n, const std::function<void(int, torch::Tensor&)>& spoil, bool explicit_unscale) {
+  ShardedStep out{std::vector<int>(n, -1), std::vector<int>(n, -1), std::vector<double>(n, 0),
+                  std::vector<torch::Tensor>(n), std::vector<dist::CommStats>(n)};
   dist::run_ranks(launch(n), [&](dist::Comm& comm) {
     const int r = comm.rank();
     torch::Tensor p = torch::zeros({4}, torch::requires_grad());
@@ -214,27 +225,43 @@ TEST_CASE(
     options.init_scale = 1024;
     ddp::ShardedGradScaler scaler(comm, options);
     scaler.scale(p.sum()).backward();  // gradient 1024 everywhere
-    if (r == 1) {
+    {
       torch::NoGradGuard no_grad;
-      p.grad()[0] = std::numeric_limits<float>::infinity();
+      spoil(r, p.mutable_grad());
     }
     comm.reset_stats();
-    scaler.unscale_(sgd);  // explicit, as before clipping: the agreement happens here, not in step()
-    finite_after_unscale[r] = torch::isfinite(p.grad()).all().item<bool>() ? 1 : 0;
-    stepped[r] = scaler.step(sgd) ? 1 : 0;
+    if (explicit_unscale) {
+      scaler.unscale_(sgd);  // the agreement happens here, not in step()
+      out.finite_after_unscale[r] = torch::isfinite(p.grad()).all().item<bool>() ? 1 : 0;
+    }
+    out.stepped[r] = scaler.step(sgd) ? 1 : 0;
     scaler.update();
-    scales[r] = scaler.get_scale();
-    after[r] = p.detach().clone();
-    stats[r] = comm.stats();
+    out.scales[r] = scaler.get_scale();
+    out.after[r] = p.detach().clone();
+    out.stats[r] = comm.stats();
   });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "[step4] ShardedGradScaler agrees on found_inf inside unscale_: an inf on one rank skips the step on every rank") {
+  const int n = 3;
+  const ShardedStep run = sharded_step(
+      n,
+      [](int r, torch::Tensor& grad) {
+        if (r == 1) grad[0] = std::numeric_limits<float>::infinity();
+      },
+      true);
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
-    CHECK(finite_after_unscale[r] == (r == 1 ? 0 : 1));  // only rank 1's own gradient holds the inf
-    CHECK(stepped[r] == 0);
-    CHECK(scales[r] == 512.0);
-    CHECK(torch::equal(after[r], torch::zeros({4})));
-    CHECK(stats[r].all_reduce_calls == 1);  // one agreement, in unscale_, none again in step()
-    CHECK(stats[r].all_reduce_bytes == 8);
+    CHECK(run.finite_after_unscale[r] == (r == 1 ? 0 : 1));  // only rank 1's own gradient holds the inf
+    CHECK(run.stepped[r] == 0);
+    CHECK(run.scales[r] == 512.0);
+    CHECK(torch::equal(run.after[r], torch::zeros({4})));
+    CHECK(run.stats[r].all_reduce_calls == 1);  // one agreement, in unscale_, none again in step()
+    CHECK(run.stats[r].all_reduce_bytes == 8);
   }
 }
 
@@ -306,31 +333,17 @@ TEST_CASE("[step4] two or more ranks finding an inf: every rank skips once, what
   CHECK(with_all == std::vector<int>{1, 1, 1, 1});
   // The sharded scaler on 3 ranks, an inf in ranks 0's and 2's gradients: every rank skips, the scale backs off once.
   const int n = 3;
-  std::vector<int> stepped(n, -1);
-  std::vector<double> scales(n, 0);
-  std::vector<torch::Tensor> after(n);
-  dist::run_ranks(launch(n), [&](dist::Comm& comm) {
-    const int r = comm.rank();
-    torch::Tensor p = torch::zeros({4}, torch::requires_grad());
-    torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1));
-    amp::GradScalerOptions options;
-    options.init_scale = 1024;
-    ddp::ShardedGradScaler scaler(comm, options);
-    scaler.scale(p.sum()).backward();
-    if (r != 1) {
-      torch::NoGradGuard no_grad;
-      p.grad()[r] = std::numeric_limits<float>::infinity();
-    }
-    stepped[r] = scaler.step(sgd) ? 1 : 0;
-    scaler.update();
-    scales[r] = scaler.get_scale();
-    after[r] = p.detach().clone();
-  });
+  const ShardedStep run = sharded_step(
+      n,
+      [](int r, torch::Tensor& grad) {
+        if (r != 1) grad[r] = std::numeric_limits<float>::infinity();
+      },
+      false);
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
-    CHECK(stepped[r] == 0);
-    CHECK(scales[r] == 512.0);
-    CHECK(torch::equal(after[r], torch::zeros({4})));
+    CHECK(run.stepped[r] == 0);
+    CHECK(run.scales[r] == 512.0);
+    CHECK(torch::equal(run.after[r], torch::zeros({4})));
   }
 }
 
